@@ -1,0 +1,88 @@
+// doorbell: the one place an executor sleeps.
+//
+// A 32-bit counter that every event for this rank increments (a peer posted a slot
+// or freed one, a progress thread moved bytes, abort() was called). The waiter reads
+// the counter, re-checks its condition, spins briefly, then sleeps in futex(2) on
+// the counter with a bound, so a lost wake-up costs at most that bound, never a hang.
+// The word may live in shared memory (shm transport binds it into its segment so
+// peers in other processes can ring it), hence non-private futex operations.
+// Thread-safety: ring() from any thread or process; wait() from the executor thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <ctime>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace plait::detail {
+
+struct doorbell_word {
+  std::atomic<std::uint32_t> count{0};
+  std::atomic<std::uint32_t> sleepers{0};
+};
+
+inline void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr,
+            nullptr, 0);
+}
+
+inline void futex_wait_for(std::atomic<std::uint32_t>* word, std::uint32_t expected,
+                           std::chrono::nanoseconds bound) noexcept {
+  if (bound.count() <= 0) return;
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(bound.count() / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(bound.count() % 1'000'000'000);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+class doorbell {
+ public:
+  doorbell() : word_(&own_) {}
+  doorbell(const doorbell&) = delete;
+  doorbell& operator=(const doorbell&) = delete;
+
+  // Moves the word into memory other processes map (before any peer can ring it).
+  void bind(doorbell_word* shared) noexcept { word_ = shared; }
+  doorbell_word* word() noexcept { return word_; }
+
+  std::uint32_t snapshot() const noexcept { return word_->count.load(std::memory_order_acquire); }
+
+  static void ring(doorbell_word* w) noexcept {
+    w->count.fetch_add(1, std::memory_order_acq_rel);
+    if (w->sleepers.load(std::memory_order_acquire) != 0) futex_wake_all(&w->count);
+  }
+  void ring() noexcept { ring(word_); }
+
+  // Returns when the counter moves past `seen`, or after `bound` at most. Spins a
+  // little first: with ranks <= cores a peer's post usually lands within microseconds.
+  void wait(std::uint32_t seen, std::chrono::nanoseconds bound) noexcept {
+    for (int i = 0; i < spin_iterations_; ++i) {
+      if (word_->count.load(std::memory_order_acquire) != seen) return;
+      cpu_relax();
+    }
+    word_->sleepers.fetch_add(1, std::memory_order_acq_rel);
+    if (word_->count.load(std::memory_order_acquire) == seen) futex_wait_for(&word_->count, seen, bound);
+    word_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
+  }
+
+  // Oversubscribed ranks (more ranks than cores) should not spin at all.
+  void set_spin_iterations(int n) noexcept { spin_iterations_ = n; }
+
+ private:
+  doorbell_word own_;
+  doorbell_word* word_;
+  int spin_iterations_ = 2000;
+};
+
+}  // namespace plait::detail

@@ -1,0 +1,115 @@
+// The transport vocabulary: what every transport gives the executor.
+//
+// A transport connects this rank to its peers through the bootstrap store and
+// returns a link_set: per peer, two FIFOs of fixed-size slots (DESIGN.md section 3).
+//   send side:    acquire() a free slot, let the kernel fill its payload, post() it;
+//   receive side: peek() the next full slot, let the kernel read it, release() it.
+// None of these calls blocks: they return nullptr/false when the FIFO is full or
+// empty, and the executor sleeps on the communicator's doorbell, which the transport
+// rings on every event (a peer posted or freed a slot, bytes arrived, a peer died).
+// Slots of one peer are delivered in the order they were posted.
+// health() is called while waiting: it throws plait::error (peer_lost, protocol, ...)
+// when a link has failed. A link_set is used by one thread at a time (the executor);
+// its own progress threads, if any, are internal. Destruction closes every link.
+//
+// A transport type T is a policy: traits, a name, and a connect() factory
+//   static std::unique_ptr<link_set> connect(bootstrap_context&, detail::doorbell&,
+//                                            const link_config&, std::span<const int> peers);
+// called collectively by every rank (each with the peers it must reach; the relation
+// is symmetric); the communicator<T> template checks it against transport_for.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <plait/detail/doorbell.hpp>
+#include <plait/error.hpp>
+#include <plait/wire.hpp>
+
+namespace plait {
+
+using clock = std::chrono::steady_clock;
+
+// What a transport can do, checked at compile time where it matters.
+struct transport_traits {
+  bool device_memory = false;  // slots may live in GPU memory
+  bool one_sided = false;      // posts write straight into the peer's FIFO
+  bool zero_copy = false;      // the kernel writes into memory the peer reads directly
+};
+
+// What a transport needs from the rendezvous: a key-value exchange scoped to this
+// communicator, plus identity and addressing. Implemented over the TCP store.
+class bootstrap_context {
+ public:
+  virtual ~bootstrap_context() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Publishes a value under key (keys are scoped to this communicator).
+  virtual void put(std::string_view key, std::span<const std::byte> value) = 0;
+  // Blocks until key is present or the deadline passes (timeout naming the key).
+  virtual std::vector<std::byte> get(std::string_view key, clock::time_point deadline) = 0;
+  // All ranks reach the named point, or timeout naming the ranks still missing.
+  virtual void barrier(std::string_view name, clock::time_point deadline) = 0;
+  // The shared secret all connections authenticate with (HMAC-SHA256 key).
+  virtual std::span<const std::byte> token() const = 0;
+  // Identity of this host (PLAIT_HOST_ID or the hostname): ranks with equal ids share memory.
+  virtual std::string host_id() const = 0;
+  // Address this rank listens on for peer connections (PLAIT_ADDR / PLAIT_IFNAME / loopback).
+  virtual std::string listen_address() const = 0;
+  // A string unique to this job and communicator, usable in shm names.
+  virtual std::string job_key() const = 0;
+};
+
+struct link_config {
+  std::size_t slot_bytes = 0;   // payload capacity of one slot
+  std::size_t depth = 0;        // slots per FIFO
+  std::chrono::nanoseconds connect_timeout{};
+};
+
+// A received slot, valid until release().
+struct slot_view {
+  const detail::slot_header* header = nullptr;
+  const std::byte* payload = nullptr;
+};
+
+class link_set {
+ public:
+  virtual ~link_set() = default;
+
+  // Peers reachable through this set (a hybrid splits the world between two sets).
+  virtual bool reaches(int peer) const = 0;
+  virtual std::size_t slot_bytes() const = 0;
+
+  // Send side. acquire() returns the payload area of a free slot to `peer`, or
+  // nullptr when the FIFO is full. post() publishes the slot last acquired for `peer`.
+  virtual std::byte* acquire(int peer) = 0;
+  virtual void post(int peer, const detail::slot_header& header) = 0;
+
+  // Receive side. peek() returns the oldest full slot from `peer` (header not yet
+  // validated beyond framing), or an empty view. release() frees it.
+  virtual slot_view peek(int peer) = 0;
+  virtual void release(int peer) = 0;
+
+  // Throws plait::error if any link has failed (dead peer, protocol error).
+  virtual void health() = 0;
+
+  // Best effort, never throws: tell every peer this rank is going away or has failed.
+  virtual void close() noexcept = 0;
+};
+
+template <class T>
+concept transport_for = requires(bootstrap_context& ctx, detail::doorbell& bell, const link_config& cfg) {
+  { T::traits } -> std::convertible_to<transport_traits>;
+  { T::name } -> std::convertible_to<std::string_view>;
+  { T::connect(ctx, bell, cfg, std::span<const int>{}) } -> std::same_as<std::unique_ptr<link_set>>;
+};
+
+}  // namespace plait
