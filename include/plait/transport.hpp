@@ -8,8 +8,10 @@
 // empty, and the executor sleeps on the communicator's doorbell, which the transport
 // rings on every event (a peer posted or freed a slot, bytes arrived, a peer died).
 // Slots of one peer are delivered in the order they were posted.
-// health() is called while waiting: it throws plait::error (peer_lost, protocol, ...)
-// when a link has failed. A link_set is used by one thread at a time (the executor);
+// health(peer) is called while waiting on that peer: it throws plait::error
+// (peer_lost, protocol, ...) when the link to it has failed. Slots a peer posted
+// before it closed or died stay readable: peek() keeps returning them, so a rank
+// that finished and left is only an error for peers that still wait on it. A link_set is used by one thread at a time (the executor);
 // its own progress threads, if any, are internal. Destruction closes every link.
 //
 // A transport type T is a policy: traits, a name, and a connect() factory
@@ -89,7 +91,8 @@ class link_set {
   virtual std::size_t slot_bytes() const = 0;
 
   // Send side. acquire() returns the payload area of a free slot to `peer`, or
-  // nullptr when the FIFO is full. post() publishes the slot last acquired for `peer`.
+  // nullptr when the FIFO is full; called again before post() it returns the same
+  // slot. post() publishes the slot last acquired for `peer`.
   virtual std::byte* acquire(int peer) = 0;
   virtual void post(int peer, const detail::slot_header& header) = 0;
 
@@ -98,8 +101,8 @@ class link_set {
   virtual slot_view peek(int peer) = 0;
   virtual void release(int peer) = 0;
 
-  // Throws plait::error if any link has failed (dead peer, protocol error).
-  virtual void health() = 0;
+  // Throws plait::error if the link to `peer` has failed (dead peer, protocol error).
+  virtual void health(int peer) = 0;
 
   // Best effort, never throws: tell every peer this rank is going away or has failed.
   virtual void close() noexcept = 0;

@@ -1,0 +1,66 @@
+// plait::direct — every rank talks to every other rank directly.
+//
+// all_to_all, S bytes per rank (n blocks of S/n): n-1 exchange rounds; in round k a
+// rank sends block (r+k) to rank r+k and receives block (r-k) from rank r-k, slice by
+// slice, so each pair's traffic is ordered identically on both sides. Bytes sent per
+// rank (n-1)/n * S; busbw factor (n-1)/n. The own block is a local copy.
+// send / recv: the message cut into slices, sent in order on the pair's FIFO;
+// a send returns once its last slice is posted (small messages: before the receive
+// is posted; large ones: when the receiver has drained all but the FIFO's depth).
+#pragma once
+
+#include <plait/schedule.hpp>
+
+namespace plait {
+
+struct direct {
+  static constexpr std::uint8_t id = 3;
+  static constexpr const char* name = "direct";
+
+  // count: elements per block; input and output hold n blocks.
+  static detail::schedule all_to_all(const detail::schedule_params& p) {
+    using namespace detail;
+    schedule out;
+    const int n = p.size, r = p.rank;
+    const std::size_t b = p.count;
+    for_each_slice(b, p.slice_elems, [&](std::size_t off, std::size_t len) {
+      out.push_back(copy(region::input, static_cast<std::size_t>(r) * b + off,
+                         static_cast<std::size_t>(r) * b + off, len));
+    });
+    for (int k = 1; k < n; ++k) {
+      const int to = (r + k) % n, from = (r - k + n) % n;
+      for_each_slice(b, p.slice_elems, [&](std::size_t off, std::size_t len) {
+        out.push_back(send(to, region::input, static_cast<std::size_t>(to) * b + off, len));
+        out.push_back(recv(from, static_cast<std::size_t>(from) * b + off, len));
+      });
+    }
+    return out;
+  }
+
+  static detail::schedule send_to(int peer, std::size_t count, std::size_t slice) {
+    detail::schedule out;
+    detail::for_each_slice(count, slice, [&](std::size_t off, std::size_t len) {
+      out.push_back(detail::send(peer, detail::region::input, off, len));
+    });
+    return out;
+  }
+
+  static detail::schedule recv_from(int peer, std::size_t count, std::size_t slice) {
+    detail::schedule out;
+    detail::for_each_slice(count, slice, [&](std::size_t off, std::size_t len) {
+      out.push_back(detail::recv(peer, off, len));
+    });
+    return out;
+  }
+};
+
+// plait::automatic — picks an algorithm per call from the call alone (so every rank
+// picks the same): the tree below a size threshold (latency-bound: log n steps),
+// the ring above it (bandwidth-bound). Replaced by the cost model when it exists.
+struct automatic {
+  static constexpr std::uint8_t id = 0;
+  static constexpr const char* name = "automatic";
+  static constexpr std::size_t tree_below_bytes = 64 * 1024;
+};
+
+}  // namespace plait

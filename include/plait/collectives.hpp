@@ -1,0 +1,178 @@
+// The collectives: all_reduce, all_gather, reduce_scatter, broadcast, reduce,
+// all_to_all, send, recv, barrier — each blocking and _async (DESIGN.md section 4).
+//
+// Each call: check the communicator is not broken, take the next sequence number,
+// validate its arguments on this rank (a misuse is invalid_argument here, and a
+// notice in every peer's FIFO so they fail with mismatch instead of hanging), ask
+// the algorithm for this rank's schedule, and run it through the executor with the
+// fused kernel for (T, Op). The element type T is deduced from the output (or
+// in-place) span; inputs are std::type_identity_t<std::span<const T>>. Algorithms
+// that lack a collective are rejected at compile time by the requires clauses.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <type_traits>
+
+#include <plait/algorithm/direct.hpp>
+#include <plait/algorithm/ring.hpp>
+#include <plait/algorithm/tree.hpp>
+#include <plait/communicator.hpp>
+#include <plait/ops.hpp>
+#include <plait/options.hpp>
+#include <plait/request.hpp>
+#include <plait/types.hpp>
+#include <plait/kernel/reduce_copy.hpp>
+
+namespace plait {
+
+template <class A>
+concept has_all_reduce = requires(const detail::schedule_params& p) { { A::all_reduce(p) } -> std::same_as<detail::schedule>; };
+template <class A>
+concept has_all_gather = requires(const detail::schedule_params& p) { { A::all_gather(p) } -> std::same_as<detail::schedule>; };
+template <class A>
+concept has_reduce_scatter = requires(const detail::schedule_params& p) { { A::reduce_scatter(p) } -> std::same_as<detail::schedule>; };
+template <class A>
+concept has_broadcast = requires(const detail::schedule_params& p) { { A::broadcast(p) } -> std::same_as<detail::schedule>; };
+template <class A>
+concept has_reduce = requires(const detail::schedule_params& p) { { A::reduce(p) } -> std::same_as<detail::schedule>; };
+
+namespace detail {
+
+template <class T, class Op>
+void kernel_entry(const void* op, const void* const* srcs, int nsrc, void* const* dsts, int ndst, std::size_t count,
+                  int finalize_n) noexcept {
+  const T* s[3] = {};
+  T* d[3] = {};
+  for (int i = 0; i < nsrc; ++i) s[i] = static_cast<const T*>(srcs[i]);
+  for (int i = 0; i < ndst; ++i) d[i] = static_cast<T*>(dsts[i]);
+  kernel::reduce_copy<T, Op>(*static_cast<const Op*>(op), std::span<const T* const>(s, static_cast<std::size_t>(nsrc)),
+                             std::span<T* const>(d, static_cast<std::size_t>(ndst)), count, finalize_n);
+}
+
+inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) noexcept {
+  if (an == 0 || bn == 0) return false;
+  auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+// One call being set up: its description, checks and schedule.
+template <class T, class Op>
+struct call_builder {
+  comm_core& core;
+  std::unique_ptr<call> c = std::make_unique<call>();
+
+  call_builder(comm_core& k, collective_kind kind, std::uint8_t algo, const Op& op, int root, std::size_t count,
+               std::uint64_t sequence, call_options opt)
+      : core(k) {
+    core.throw_if_broken();
+    static_assert(std::is_trivially_copyable_v<Op> && sizeof(Op) <= sizeof(call::op) && alignof(Op) <= 16,
+                  "reduce ops must be small trivially copyable functors");
+    c->desc.sequence = sequence;
+    c->desc.kind = kind;
+    c->desc.dtype = static_cast<std::uint8_t>(dtype_of<T>);
+    c->desc.op = op_id_v<Op>;
+    c->desc.algorithm = algo;
+    c->desc.root = root;
+    c->desc.count = count;
+    c->desc.slice_bytes = static_cast<std::uint32_t>(core.config().slice_bytes);
+    c->elem_size = sizeof(T);
+    c->kernel = &kernel_entry<T, Op>;
+    std::memcpy(c->op, &op, sizeof(Op));
+    c->finalize_n = core.size();
+    c->deadline = core.deadline_for(opt.timeout);
+  }
+
+  void require(bool ok, const char* what) {
+    if (!ok) core.reject(c->desc, std::string(to_string(c->desc.kind)) + ": " + what);
+  }
+
+  // Count checks shared by every collective: elements * sizeof(T) * n must fit.
+  void require_count_fits(std::size_t elements_per_rank_block) {
+    const auto n = static_cast<std::size_t>(core.size());
+    const std::size_t limit = std::numeric_limits<std::size_t>::max() / sizeof(T) / n;
+    require(elements_per_rank_block <= limit, "count overflows the address space (count * sizeof(T) * ranks)");
+  }
+
+  schedule_params sp(std::size_t count, int root = 0) const {
+    schedule_params p;
+    p.rank = core.rank();
+    p.size = core.size();
+    p.root = root;
+    p.count = count;
+    p.slice_elems = std::max<std::size_t>(1, core.config().slice_bytes / sizeof(T));
+    return p;
+  }
+
+  std::size_t slice_elems() const { return std::max<std::size_t>(1, core.config().slice_bytes / sizeof(T)); }
+
+  void finish(schedule s, const void* in, void* out, bool async, request* req) {
+    c->steps = std::move(s);
+    c->input = static_cast<const std::byte*>(in);
+    c->output = static_cast<std::byte*>(out);
+    if (async) {
+      *req = core.submit(std::move(c));
+    } else {
+      core.run(*c);
+    }
+  }
+};
+
+template <class Algo>
+std::uint8_t pick(std::size_t bytes, bool tree_capable) {
+  if constexpr (std::is_same_v<Algo, automatic>) {
+    return tree_capable && bytes < automatic::tree_below_bytes ? tree::id : ring::id;
+  } else {
+    return Algo::id;
+  }
+}
+
+template <class Algo, class T, class Op>
+request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op op, call_options opt, bool async) {
+  const std::uint8_t algo = pick<Algo>(out.size_bytes(), true);
+  call_builder<T, Op> b(core, collective_kind::all_reduce, algo, op, -1, out.size(), core.next_sequence(), opt);
+  b.require(in.size() == out.size(), "input and output must have the same number of elements");
+  b.require(in.data() == out.data() || !overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()),
+            "input and output overlap without being the same buffer (use the in-place form)");
+  b.require_count_fits(out.size());
+  auto p = b.sp(out.size());
+  request r;
+  b.finish(algo == tree::id ? tree::all_reduce(p) : ring::all_reduce(p), in.data(), out.data(), async, &r);
+  return r;
+}
+
+}  // namespace detail
+
+// ---- all_reduce --------------------------------------------------------------
+
+template <class Algo = automatic, class Transport, class T, class Op>
+  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_all_reduce<Algo>)
+void all_reduce(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op,
+                call_options opt = {}) {
+  detail::all_reduce_impl<Algo>(comm.core(), in, out, op, opt, false);
+}
+
+template <class Algo = automatic, class Transport, class T, class Op>
+  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_all_reduce<Algo>)
+void all_reduce(communicator<Transport>& comm, std::span<T> buf, Op op, call_options opt = {}) {
+  detail::all_reduce_impl<Algo>(comm.core(), std::span<const T>(buf), buf, op, opt, false);
+}
+
+template <class Algo = automatic, class Transport, class T, class Op>
+  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_all_reduce<Algo>)
+[[nodiscard]] request all_reduce_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in,
+                                       std::span<T> out, Op op, call_options opt = {}) {
+  return detail::all_reduce_impl<Algo>(comm.core(), in, out, op, opt, true);
+}
+
+template <class Algo = automatic, class Transport, class T, class Op>
+  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_all_reduce<Algo>)
+[[nodiscard]] request all_reduce_async(communicator<Transport>& comm, std::span<T> buf, Op op, call_options opt = {}) {
+  return detail::all_reduce_impl<Algo>(comm.core(), std::span<const T>(buf), buf, op, opt, true);
+}
+
+}  // namespace plait
+
+#include <plait/detail/collectives_more.hpp>

@@ -1,0 +1,129 @@
+// plait::communicator<Transport>: a group of ranks connected by one transport.
+//
+// Movable, not copyable. from_env() joins the job the environment describes
+// (DESIGN.md section 5: plaitrun, by hand, mpirun/srun, torchrun; none = a world of
+// one) and connects every pair of ranks through Transport. create() does the same
+// from a bootstrap_context of the caller's (a custom rendezvous). Calls on one
+// communicator come from one thread at a time and complete in issue order; abort()
+// may be called from any thread. The destructor closes every link and never throws.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <plait/bootstrap/store_context.hpp>
+#include <plait/detail/comm_core.hpp>
+#include <plait/detail/env.hpp>
+#include <plait/transport.hpp>
+
+namespace plait {
+
+namespace detail {
+
+// Environment knobs, parsed strictly (a malformed value is invalid_argument).
+inline comm_config config_from_env() {
+  comm_config cfg;
+  if (auto t = env_seconds("PLAIT_TIMEOUT")) cfg.timeout = *t;
+  if (auto b = env_bytes("PLAIT_SLICE_BYTES")) {
+    if (*b < 64 || *b > (std::size_t{64} << 20))
+      throw error(errc::invalid_argument,
+                  "PLAIT_SLICE_BYTES=" + std::to_string(*b) + " is out of range: use 64 bytes to 64M");
+    cfg.slice_bytes = *b;
+  }
+  return cfg;
+}
+
+}  // namespace detail
+
+template <transport_for Transport>
+class communicator {
+ public:
+  using transport_type = Transport;
+
+  // Joins the job described by the environment (DESIGN.md section 5).
+  static communicator from_env() {
+    auto cfg = detail::config_from_env();
+    const auto deadline = clock::now() + cfg.timeout;
+    auto world = std::make_shared<bootstrap::world>(bootstrap::join_world(deadline));
+    if (world->info.size == 1) {
+      communicator c(std::make_unique<detail::comm_core>(0, 1, cfg));
+      return c;
+    }
+    auto ctx = bootstrap::make_context(*world, next_scope());
+    return create(std::move(ctx), cfg, world);
+  }
+
+  // Connects the ranks of `ctx` (every rank calls it, each with its own context).
+  static communicator create(std::unique_ptr<bootstrap_context> ctx, detail::comm_config cfg = {},
+                             std::shared_ptr<void> keepalive = {}) {
+    const int rank = ctx->rank(), size = ctx->size();
+    const auto deadline = clock::now() + cfg.timeout;
+    agree_on_config(*ctx, cfg, deadline);
+    auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
+    if (size > 1) {
+      std::vector<int> peers;
+      for (int p = 0; p < size; ++p)
+        if (p != rank) peers.push_back(p);
+      link_config lc;
+      lc.slot_bytes = cfg.slice_bytes;
+      lc.depth = cfg.depth;
+      lc.connect_timeout = cfg.timeout;
+      auto links = Transport::connect(*ctx, core->bell(), lc, std::span<const int>(peers));
+      ctx->barrier("connected", deadline);
+      core->attach(std::move(links), std::move(ctx), std::move(keepalive));
+    }
+    return communicator(std::move(core));
+  }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  ~communicator() = default;
+
+  int rank() const noexcept { return core_->rank(); }
+  int size() const noexcept { return core_->size(); }
+
+  template <class Rep, class Period>
+  void set_timeout(std::chrono::duration<Rep, Period> t) {
+    if (t <= std::chrono::duration<Rep, Period>::zero())
+      throw error(errc::invalid_argument, "set_timeout needs a positive duration", rank());
+    core_->set_timeout(std::chrono::duration_cast<std::chrono::nanoseconds>(t));
+  }
+
+  // Makes every pending and later call fail with errc::aborted; closes the links.
+  void abort() noexcept { core_->abort(); }
+
+  detail::comm_core& core() noexcept { return *core_; }
+
+ private:
+  explicit communicator(std::unique_ptr<detail::comm_core> core) : core_(std::move(core)) {}
+
+  // Each process makes its communicators in the same order, so a per-process
+  // counter names the same communicator on every rank.
+  static std::string next_scope() {
+    static std::atomic<int> counter{0};
+    return "c" + std::to_string(counter.fetch_add(1)) + "/";
+  }
+
+  // Rank 0's slice size and depth are everyone's (slots must be the same size).
+  static void agree_on_config(bootstrap_context& ctx, detail::comm_config& cfg, clock::time_point deadline) {
+    if (ctx.size() == 1) return;
+    std::uint64_t v[2] = {cfg.slice_bytes, cfg.depth};
+    if (ctx.rank() == 0) {
+      ctx.put("config", std::as_bytes(std::span(v)));
+    } else {
+      auto got = ctx.get("config", deadline);
+      if (got.size() != sizeof v) throw error(errc::protocol, "malformed config record from rank 0", ctx.rank(), 0);
+      std::memcpy(v, got.data(), sizeof v);
+      cfg.slice_bytes = static_cast<std::size_t>(v[0]);
+      cfg.depth = static_cast<std::size_t>(v[1]);
+    }
+  }
+
+  std::unique_ptr<detail::comm_core> core_;
+};
+
+}  // namespace plait

@@ -1,0 +1,226 @@
+// The executor: runs one rank's schedule over its links, slice by slice.
+//
+// advance() is a step function: it runs steps while their slots are ready (every
+// received slot present, every outgoing slot free) and returns without blocking, so
+// a progress thread, a blocking call and a simulator can all drive it. run() loops
+// advance() and sleeps on the doorbell in between, with the call's deadline.
+// Each step is one pass of the fused kernel: it reads the received slots and the
+// local source, and writes the output and the outgoing slots directly (no staging).
+// Every received slot is checked against the call: a different call description is
+// `mismatch` naming both sides; an error notice from a peer is `mismatch` naming it.
+// Not thread-safe: one call is driven by one thread at a time.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include <plait/detail/doorbell.hpp>
+#include <plait/error.hpp>
+#include <plait/schedule.hpp>
+#include <plait/transport.hpp>
+#include <plait/wire.hpp>
+
+namespace plait::detail {
+
+// The fused kernel for one (element type, op), behind a plain function pointer so
+// the executor is compiled once, not once per composition.
+using kernel_fn = void (*)(const void* op, const void* const* srcs, int nsrc, void* const* dsts, int ndst,
+                           std::size_t count, int finalize_n) noexcept;
+
+struct call {
+  call_desc desc;
+  schedule steps;
+  std::size_t elem_size = 1;
+  const std::byte* input = nullptr;
+  std::byte* output = nullptr;
+  kernel_fn kernel = nullptr;
+  alignas(16) std::byte op[64] = {};  // a copy of the op functor (trivially copyable)
+  int finalize_n = 1;                 // n for finalize (avg divides by it)
+  clock::time_point deadline{};
+  std::size_t next = 0;                // first step not yet done
+};
+
+class executor {
+ public:
+  executor(int rank, int size, link_set* links, doorbell& bell, const std::atomic<bool>& aborted)
+      : rank_(rank), size_(size), links_(links), bell_(bell), aborted_(aborted) {}
+
+  // Runs steps while they are ready. Returns true when the call is complete.
+  bool advance(call& c) {
+    while (c.next < c.steps.size()) {
+      if (!try_step(c, c.steps[c.next])) return false;
+      ++c.next;
+    }
+    return true;
+  }
+
+  // Drives the call to completion or throws (timeout, aborted, peer_lost, mismatch, ...).
+  void run(call& c) {
+    auto last_health = clock::now();
+    for (;;) {
+      const std::uint32_t seen = bell_.snapshot();
+      if (advance(c)) return;
+      if (aborted_.load(std::memory_order_acquire))
+        throw error(errc::aborted, "abort() was called on this communicator; recreate it to go on", rank_, -1,
+                    c.desc.sequence);
+      const auto now = clock::now();
+      if (now - last_health > std::chrono::milliseconds(20)) {
+        check_peers(c);
+        last_health = now;
+      }
+      if (now >= c.deadline) throw timed_out(c);
+      const auto left = c.deadline - now;
+      bell_.wait(seen, left < max_sleep ? std::chrono::nanoseconds(left) : std::chrono::nanoseconds(max_sleep));
+    }
+  }
+
+  // Tells every peer this rank failed call `d` (best effort, bounded): an error-notice
+  // slot in each peer's FIFO, which they see at the head and turn into `mismatch`.
+  void send_notice(const call_desc& d, clock::time_point deadline) noexcept {
+    if (links_ == nullptr) return;
+    slot_header h;
+    h.flags = slot_error_notice;
+    h.sender = rank_;
+    h.desc = d;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !links_->reaches(p)) continue;
+      try {
+        for (;;) {
+          const std::uint32_t seen = bell_.snapshot();
+          if (links_->acquire(p) != nullptr) {
+            links_->post(p, h);
+            break;
+          }
+          if (clock::now() >= deadline) break;
+          links_->health(p);
+          bell_.wait(seen, std::chrono::milliseconds(10));
+        }
+      } catch (...) {
+        // the peer is gone or broken: nothing more to tell it
+      }
+    }
+  }
+
+ private:
+  static constexpr auto max_sleep = std::chrono::milliseconds(50);
+
+  bool try_step(call& c, const step& s) {
+    const void* srcs[3];
+    void* dsts[3];
+    int ns = 0, nd = 0;
+    if (s.src != region::none) {
+      const std::byte* base = s.src == region::input ? c.input : c.output;
+      srcs[ns++] = base + s.src_offset * c.elem_size;
+    }
+    const std::size_t bytes = s.count * c.elem_size;
+    for (int p : s.recv_peer) {
+      if (p < 0) continue;
+      slot_view v = links_->peek(p);
+      if (v.header == nullptr) return false;
+      check_slot(c, s, p, *v.header, bytes);
+      srcs[ns++] = v.payload;
+    }
+    for (int p : s.send_peer) {
+      if (p < 0) continue;
+      std::byte* slot = links_->acquire(p);
+      if (slot == nullptr) return false;
+      dsts[nd++] = slot;
+    }
+    if (s.write_output) dsts[nd++] = c.output + s.out_offset * c.elem_size;
+    if (s.count > 0 && ns > 0 && nd > 0)
+      c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
+    for (int p : s.send_peer) {
+      if (p < 0) continue;
+      slot_header h;
+      h.bytes = static_cast<std::uint32_t>(bytes);
+      h.sender = rank_;
+      h.offset = s.src_offset;
+      h.desc = c.desc;
+      links_->post(p, h);
+    }
+    for (int p : s.recv_peer)
+      if (p >= 0) links_->release(p);
+    return true;
+  }
+
+  void check_slot(const call& c, const step& s, int peer, const slot_header& h, std::size_t bytes) const {
+    if (h.magic != slot_magic || h.version != wire_version || h.sender != peer)
+      throw error(errc::protocol,
+                  "malformed slot header from rank " + std::to_string(peer) +
+                      " (bad magic, version or sender); is something else writing to this job's links?",
+                  rank_, peer, c.desc.sequence);
+    if (h.flags & slot_error_notice)
+      throw error(errc::mismatch,
+                  "rank " + std::to_string(peer) + " failed its " + to_string(h.desc.kind) + " #" +
+                      std::to_string(h.desc.sequence) +
+                      " with invalid_argument before moving data (see its error); this communicator is now "
+                      "broken on every rank: fix the call and recreate it",
+                  rank_, peer, c.desc.sequence);
+    if (!(h.desc == c.desc))
+      throw error(errc::mismatch,
+                  "this rank called " + std::string(to_string(c.desc.kind)) + " but rank " + std::to_string(peer) +
+                      " called " + to_string(h.desc.kind) + ": " + describe_difference(c.desc, h.desc) +
+                      "; every rank must issue the same collectives in the same order with the same arguments",
+                  rank_, peer, c.desc.sequence);
+    if (h.bytes != bytes)
+      throw error(errc::protocol,
+                  "slot from rank " + std::to_string(peer) + " holds " + std::to_string(h.bytes) + " bytes, step " +
+                      std::to_string(c.next) + " expects " + std::to_string(bytes) + " (" + to_string(s) + ")",
+                  rank_, peer, c.desc.sequence);
+  }
+
+  // Peers this call waits on now: their failures matter; a peer that finished and
+  // left does not, unless this rank still needs it.
+  void check_peers(const call& c) {
+    if (c.next >= c.steps.size()) return;
+    const step& s = c.steps[c.next];
+    for (int p : s.recv_peer)
+      if (p >= 0) links_->health(p);
+    for (int p : s.send_peer)
+      if (p >= 0) links_->health(p);
+    // An error notice at the head of any link means the job's call failed elsewhere.
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !links_->reaches(p)) continue;
+      slot_view v = links_->peek(p);
+      if (v.header != nullptr && (v.header->flags & slot_error_notice))
+        check_slot(c, s, p, *v.header, 0);
+    }
+  }
+
+  error timed_out(const call& c) const {
+    std::string who = "its peers";
+    int peer = -1;
+    if (c.next < c.steps.size()) {
+      const step& s = c.steps[c.next];
+      for (int p : s.recv_peer)
+        if (p >= 0 && links_->peek(p).header == nullptr) {
+          peer = p;
+          who = "rank " + std::to_string(p) + " to send its data";
+          break;
+        }
+      if (peer < 0)
+        for (int p : s.send_peer)
+          if (p >= 0) {
+            peer = p;
+            who = "rank " + std::to_string(p) + " to drain its receive slots";
+            break;
+          }
+    }
+    return error(errc::timeout,
+                 std::string(to_string(c.desc.kind)) + " waited past its deadline for " + who + " (step " +
+                     std::to_string(c.next + 1) + " of " + std::to_string(c.steps.size()) +
+                     "): the peer is stopped, hung, or issued different collectives; raise PLAIT_TIMEOUT or "
+                     "call_options::timeout if it is only slow",
+                 rank_, peer, c.desc.sequence);
+  }
+
+  int rank_, size_;
+  link_set* links_;
+  doorbell& bell_;
+  const std::atomic<bool>& aborted_;
+};
+
+}  // namespace plait::detail

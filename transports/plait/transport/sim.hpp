@@ -1,0 +1,131 @@
+// plait::transport::sim — ranks as threads of one process, FIFOs in ordinary memory.
+//
+// For algorithm research and fast tests: the same slot FIFOs, executor and kernels
+// as the real transports, with no processes, sockets or shared segments. Ranks
+// rendezvous through a process-wide registry keyed by the bootstrap job key.
+// Each directed pair has a single-producer/single-consumer FIFO of `depth` slots;
+// posting rings the receiver's doorbell, releasing rings the sender's.
+// A rank whose link_set is closed or destroyed is reported as peer_lost to peers
+// that still wait on it.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <plait/transport.hpp>
+
+namespace plait::transport {
+
+namespace detail_sim {
+
+struct fifo {
+  std::size_t depth = 0, stride = 0;
+  std::vector<std::byte> storage;
+  alignas(64) std::atomic<std::uint64_t> head{0};
+  alignas(64) std::atomic<std::uint64_t> tail{0};
+  std::byte* slot(std::uint64_t i) { return storage.data() + (i % depth) * stride; }
+};
+
+struct fabric {
+  int size = 0;
+  std::size_t slot_bytes = 0;
+  std::vector<std::unique_ptr<fifo>> fifos;  // [from * size + to]
+  std::vector<std::atomic<plait::detail::doorbell_word*>> bells;
+  std::vector<std::atomic<bool>> closed;
+  fabric(int n, std::size_t slot, std::size_t depth)
+      : size(n), slot_bytes(slot), bells(static_cast<std::size_t>(n)), closed(static_cast<std::size_t>(n)) {
+    for (int i = 0; i < n * n; ++i) {
+      auto f = std::make_unique<fifo>();
+      f->depth = depth;
+      f->stride = sizeof(plait::detail::slot_header) + slot;
+      f->storage.resize(depth * f->stride);
+      fifos.push_back(std::move(f));
+    }
+  }
+  fifo& at(int from, int to) { return *fifos[static_cast<std::size_t>(from * size + to)]; }
+  void ring(int rank) {
+    if (auto* w = bells[static_cast<std::size_t>(rank)].load()) plait::detail::doorbell::ring(w);
+  }
+};
+
+inline std::shared_ptr<fabric> find_or_make(const std::string& key, int n, std::size_t slot, std::size_t depth) {
+  static std::mutex m;
+  static std::map<std::string, std::weak_ptr<fabric>> registry;
+  std::lock_guard lock(m);
+  if (auto f = registry[key].lock()) return f;
+  auto f = std::make_shared<fabric>(n, slot, depth);
+  registry[key] = f;
+  return f;
+}
+
+class links final : public link_set {
+ public:
+  links(std::shared_ptr<fabric> f, int rank) : f_(std::move(f)), rank_(rank) {}
+  ~links() override { close(); }
+
+  bool reaches(int peer) const override { return peer != rank_ && peer >= 0 && peer < f_->size; }
+  std::size_t slot_bytes() const override { return f_->slot_bytes; }
+
+  std::byte* acquire(int peer) override {
+    fifo& q = f_->at(rank_, peer);
+    const auto t = q.tail.load(std::memory_order_relaxed);
+    if (t - q.head.load(std::memory_order_acquire) >= q.depth) return nullptr;
+    return q.slot(t) + sizeof(plait::detail::slot_header);
+  }
+  void post(int peer, const plait::detail::slot_header& h) override {
+    fifo& q = f_->at(rank_, peer);
+    const auto t = q.tail.load(std::memory_order_relaxed);
+    std::memcpy(q.slot(t), &h, sizeof h);
+    q.tail.store(t + 1, std::memory_order_release);
+    f_->ring(peer);
+  }
+  slot_view peek(int peer) override {
+    fifo& q = f_->at(peer, rank_);
+    const auto h = q.head.load(std::memory_order_relaxed);
+    if (h == q.tail.load(std::memory_order_acquire)) return {};
+    std::byte* s = q.slot(h);
+    return {reinterpret_cast<const plait::detail::slot_header*>(s), s + sizeof(plait::detail::slot_header)};
+  }
+  void release(int peer) override {
+    fifo& q = f_->at(peer, rank_);
+    q.head.fetch_add(1, std::memory_order_release);
+    f_->ring(peer);
+  }
+  void health(int peer) override {
+    if (f_->closed[static_cast<std::size_t>(peer)].load())
+      throw error(errc::peer_lost, "rank " + std::to_string(peer) + " closed its links", rank_, peer);
+  }
+  void close() noexcept override {
+    if (f_->closed[static_cast<std::size_t>(rank_)].exchange(true)) return;
+    f_->bells[static_cast<std::size_t>(rank_)].store(nullptr);
+    for (int p = 0; p < f_->size; ++p)
+      if (p != rank_) f_->ring(p);
+  }
+
+ private:
+  std::shared_ptr<fabric> f_;
+  int rank_;
+};
+
+}  // namespace detail_sim
+
+struct sim {
+  static constexpr transport_traits traits{.device_memory = false, .one_sided = true, .zero_copy = true};
+  static constexpr std::string_view name = "sim";
+
+  static std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::doorbell& bell, const link_config& cfg,
+                                           std::span<const int>) {
+    auto f = detail_sim::find_or_make(ctx.job_key(), ctx.size(), cfg.slot_bytes, cfg.depth);
+    f->bells[static_cast<std::size_t>(ctx.rank())].store(bell.word());
+    auto l = std::make_unique<detail_sim::links>(f, ctx.rank());
+    ctx.barrier("sim-connected", clock::now() + cfg.connect_timeout);
+    return l;
+  }
+};
+
+}  // namespace plait::transport
+
+static_assert(plait::transport_for<plait::transport::sim>);
