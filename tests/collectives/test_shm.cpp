@@ -1,0 +1,27 @@
+// Every collective x algorithm over shared memory (DESIGN.md section 8).
+#include <plait/transport/shm.hpp>
+
+#include "collectives/matrix.hpp"
+
+using plait::transport::shm;
+using namespace plait::testing;
+
+TEST_CASE("every collective x algorithm over shm equals the reference", "[collectives][shm]") {
+  const int ranks = GENERATE(1, 2, 3, 4, 5, 8);
+  std::vector<std::size_t> counts = {0, 1, 13, 4099};
+  if (ranks != 8) counts.push_back((1 << 20) + 3);
+  CAPTURE(ranks);
+  check_cases<shm>(ranks, [=] { return representative_cases<shm>(ranks, counts); });
+}
+
+TEST_CASE("16 MiB per rank of float sum over shm equals the reference", "[collectives][shm][large]") {
+  const int ranks = GENERATE(2, 4);
+  CAPTURE(ranks);
+  const std::size_t count = (16u << 20) / sizeof(float);
+  check_cases<shm>(ranks, [=] {
+    case_list<shm> cs;
+    add_all_reduce<shm, float, plait::sum>(cs, ranks, count);
+    add_others<shm, float, plait::sum>(cs, ranks, count);
+    return cs;
+  }, rank_options{.slice_bytes = "128K"});
+}

@@ -1,0 +1,27 @@
+// Every collective x algorithm over TCP (DESIGN.md section 8).
+#include <plait/transport/tcp.hpp>
+
+#include "collectives/matrix.hpp"
+
+using plait::transport::tcp;
+using namespace plait::testing;
+
+TEST_CASE("every collective x algorithm over tcp equals the reference", "[collectives][tcp]") {
+  const int ranks = GENERATE(1, 2, 3, 4, 5, 8);
+  std::vector<std::size_t> counts = {0, 1, 13, 4099};
+  if (ranks != 8) counts.push_back((1 << 20) + 3);
+  CAPTURE(ranks);
+  check_cases<tcp>(ranks, [=] { return representative_cases<tcp>(ranks, counts); });
+}
+
+TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collectives][tcp][large]") {
+  const int ranks = GENERATE(2, 4);
+  CAPTURE(ranks);
+  const std::size_t count = (16u << 20) / sizeof(float);
+  check_cases<tcp>(ranks, [=] {
+    case_list<tcp> cs;
+    add_all_reduce<tcp, float, plait::sum>(cs, ranks, count);
+    add_others<tcp, float, plait::sum>(cs, ranks, count);
+    return cs;
+  }, rank_options{.slice_bytes = "128K"});
+}

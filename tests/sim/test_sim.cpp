@@ -1,0 +1,115 @@
+// Schedules on the in-process sim transport: ranks as threads, so every algorithm is
+// checked without processes or sockets (and runs under TSan).
+#include <plait/plait.hpp>
+#include <plait/transport/sim.hpp>
+
+#include <atomic>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "support/reference.hpp"
+#include "support/thread_bootstrap.hpp"
+
+using comm_t = plait::communicator<plait::transport::sim>;
+using namespace plait::testing;
+
+namespace {
+
+// Runs body(comm) on n threads; returns the first error message per rank ("" = ok).
+template <class F>
+std::vector<std::string> on_threads(int n, const std::string& job, F body, std::size_t slice = 1024) {
+  auto st = std::make_shared<thread_store>();
+  st->job = job;
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        plait::detail::comm_config cfg;
+        cfg.slice_bytes = slice;
+        cfg.timeout = std::chrono::seconds(20);
+        auto c = comm_t::create(std::make_unique<thread_bootstrap>(st, r, n), cfg);
+        body(c, errors[static_cast<std::size_t>(r)]);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("ring and tree schedules produce the reference on the sim transport", "[sim]") {
+  const int n = GENERATE(1, 2, 3, 4, 5, 8);
+  const std::size_t count = GENERATE(as<std::size_t>{}, 0, 1, 13, 4099, 100003);
+  CAPTURE(n, count);
+  const auto want = reference_all_reduce<float, plait::sum>(n, count);
+  auto errors = on_threads(n, "sim-" + std::to_string(n) + "-" + std::to_string(count), [&](comm_t& c, std::string& err) {
+    const auto in = exact_pattern<float>(c.rank(), count);
+    std::vector<float> out(count);
+    plait::all_reduce<plait::ring>(c, std::span<const float>(in), std::span<float>(out), plait::sum{});
+    err += compare(want, out, c.rank(), "all_reduce<ring>");
+    auto buf = in;
+    plait::all_reduce<plait::tree>(c, std::span<float>(buf), plait::sum{});
+    err += compare(want, buf, c.rank(), "all_reduce<tree> in place");
+    std::vector<float> b = c.rank() == n - 1 ? in : std::vector<float>(count);
+    plait::broadcast<plait::tree>(c, std::span<float>(b), n - 1);
+    err += compare(exact_pattern<float>(n - 1, count), b, c.rank(), "broadcast<tree>");
+    plait::barrier(c);
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[static_cast<std::size_t>(r)] == "");
+  }
+}
+
+TEST_CASE("a rank that skips a collective makes the others fail with mismatch, not hang", "[sim][mismatch]") {
+  const int n = 3;
+  auto errors = on_threads(n, "sim-mismatch", [&](comm_t& c, std::string&) {
+    std::vector<float> v(100, 1.0f);
+    if (c.rank() == 0) {
+      std::vector<float> big(101, 1.0f);
+      plait::all_reduce<plait::ring>(c, std::span<float>(big), plait::sum{});
+    } else {
+      plait::all_reduce<plait::ring>(c, std::span<float>(v), plait::sum{});
+    }
+  });
+  int mismatches = 0;
+  for (auto& e : errors) mismatches += e.find("mismatch") != std::string::npos;
+  INFO(errors[0] << "\n" << errors[1] << "\n" << errors[2]);
+  CHECK(mismatches >= 2);
+}
+
+TEST_CASE("abort() from another thread ends a blocked call with aborted", "[sim][abort]") {
+  const int n = 2;
+  auto errors = on_threads(n, "sim-abort", [&](comm_t& c, std::string& err) {
+    if (c.rank() == 1) {  // alive, but never joins the collective
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      c.abort();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      std::vector<float> v(10);
+      plait::all_reduce<plait::ring>(c, std::span<float>(v), plait::sum{});
+      err = "all_reduce returned although its peer never joined";
+    } catch (const plait::error& e) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+      if (e.code() != plait::errc::aborted) err = std::string("expected aborted, got ") + e.what();
+      if (ms.count() > 1000) err += " (took " + std::to_string(ms.count()) + " ms)";
+    }
+    killer.join();
+    try {
+      plait::barrier(c);
+      err += "; a call after abort() succeeded";
+    } catch (const plait::error& e) {
+      if (e.code() != plait::errc::aborted) err += std::string("; later call: ") + e.what();
+    }
+  });
+  CHECK(errors[0] == "");
+}

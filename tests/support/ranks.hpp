@@ -1,0 +1,186 @@
+// Multi-process test harness: fork the ranks once, run a whole sweep inside them,
+// bring their results back to the parent, which asserts (Catch2 is not usable in
+// the children). DESIGN.md section 8.
+//
+//   auto results = plait::testing::run_ranks<plait::transport::shm>(3, [](auto& comm) {
+//     std::vector<plait::testing::blob> out;  // one blob per case, in order
+//     ...
+//     return out;
+//   });
+//
+// The parent serves the rendezvous store (as plaitrun does) and each child joins
+// through communicator<T>::from_env() with PLAIT_* set, so the real launch path is
+// what the tests exercise. A child that throws reports the error text and exits 1;
+// a child that does not finish within the deadline is killed and reported. Every
+// wait is bounded.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <plait/bootstrap/store_server.hpp>
+#include <plait/bootstrap/token.hpp>
+#include <plait/plait.hpp>
+
+namespace plait::testing {
+
+using blob = std::vector<std::byte>;
+
+template <class T>
+blob to_blob(const std::vector<T>& v) {
+  blob b(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+template <class T>
+std::vector<T> from_blob(const blob& b) {
+  std::vector<T> v(b.size() / sizeof(T));
+  if (!v.empty()) std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
+  return v;
+}
+
+struct rank_options {
+  std::chrono::seconds deadline{120};     // whole sweep, per rank
+  std::string slice_bytes = "4K";          // small slices exercise the multi-slice paths
+  std::string timeout = "30";              // PLAIT_TIMEOUT inside the ranks
+  std::function<std::string(int)> host_id; // PLAIT_HOST_ID per rank (hybrid tests)
+};
+
+struct rank_result {
+  int exit_status = 0;            // 0 = ok
+  std::string error;              // what the child reported (or why it was killed)
+  std::vector<blob> blobs;
+};
+
+namespace detail_ranks {
+
+inline void write_results(const std::string& path, const std::vector<blob>& blobs) {
+  std::ofstream f(path, std::ios::binary);
+  const std::uint64_t n = blobs.size();
+  f.write(reinterpret_cast<const char*>(&n), sizeof n);
+  for (const auto& b : blobs) {
+    const std::uint64_t s = b.size();
+    f.write(reinterpret_cast<const char*>(&s), sizeof s);
+    f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(s));
+  }
+}
+
+inline std::vector<blob> read_results(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<blob> out;
+  std::uint64_t n = 0;
+  if (!f.read(reinterpret_cast<char*>(&n), sizeof n)) return out;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::uint64_t s = 0;
+    f.read(reinterpret_cast<char*>(&s), sizeof s);
+    blob b(s);
+    f.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(s));
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace detail_ranks
+
+// Runs fn(comm) in n forked ranks. Returns one rank_result per rank.
+template <class Transport, class F>
+std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/plait-test-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string token = bootstrap::generate_token_hex();
+  std::vector<std::byte> token_bytes(token.size());
+  std::memcpy(token_bytes.data(), token.data(), token.size());
+  bootstrap::store_server server("127.0.0.1", 0, token_bytes);
+  const std::string store = "127.0.0.1:" + std::to_string(server.port());
+
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("PLAIT_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("PLAIT_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("PLAIT_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("PLAIT_STORE", store.c_str(), 1);
+      ::setenv("PLAIT_STORE_SERVED", "1", 1);
+      ::setenv("PLAIT_TOKEN", token.c_str(), 1);
+      ::setenv("PLAIT_SLICE_BYTES", opt.slice_bytes.c_str(), 1);
+      ::setenv("PLAIT_TIMEOUT", opt.timeout.c_str(), 1);
+      if (opt.host_id) ::setenv("PLAIT_HOST_ID", opt.host_id(r).c_str(), 1);
+      const std::string base = dir + "/rank" + std::to_string(r);
+      int status = 0;
+      try {
+        auto comm = communicator<Transport>::from_env();
+        std::vector<blob> out = fn(comm);
+        detail_ranks::write_results(base + ".out", out);
+      } catch (const std::exception& e) {
+        std::ofstream(base + ".err") << e.what();
+        status = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(status);
+    }
+    pids.push_back(pid);
+  }
+
+  std::vector<rank_result> results(static_cast<std::size_t>(n));
+  std::vector<bool> done(static_cast<std::size_t>(n), false);
+  const auto deadline = std::chrono::steady_clock::now() + opt.deadline;
+  int left = n;
+  while (left > 0) {
+    bool reaped = false;
+    for (int r = 0; r < n; ++r) {
+      if (done[static_cast<std::size_t>(r)]) continue;
+      int st = 0;
+      if (::waitpid(pids[static_cast<std::size_t>(r)], &st, WNOHANG) == pids[static_cast<std::size_t>(r)]) {
+        auto& res = results[static_cast<std::size_t>(r)];
+        res.exit_status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        const std::string base = dir + "/rank" + std::to_string(r);
+        res.error = detail_ranks::slurp(base + ".err");
+        if (res.exit_status != 0 && res.error.empty())
+          res.error = "rank " + std::to_string(r) + " exited with status " + std::to_string(res.exit_status);
+        res.blobs = detail_ranks::read_results(base + ".out");
+        done[static_cast<std::size_t>(r)] = true;
+        --left;
+        reaped = true;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < n; ++r) {
+        if (done[static_cast<std::size_t>(r)]) continue;
+        ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+        ::waitpid(pids[static_cast<std::size_t>(r)], nullptr, 0);
+        results[static_cast<std::size_t>(r)].exit_status = 128 + SIGKILL;
+        results[static_cast<std::size_t>(r)].error =
+            "rank " + std::to_string(r) + " did not finish within the test deadline (killed)";
+      }
+      break;
+    }
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return results;
+}
+
+}  // namespace plait::testing
