@@ -130,10 +130,10 @@ struct bench {
   }
 
   // Compares out with what the collective must produce; counts wrong elements.
-  long long wrong(std::size_t count) {
+  std::int64_t wrong(std::size_t count) {
     const int n = comm.size();
     const auto un = static_cast<std::size_t>(n);
-    long long bad = 0;
+    std::int64_t bad = 0;
     auto reduced = [&](std::size_t i) {
       auto acc = plait::to_compute(value<T>(0, i));
       for (int r = 1; r < n; ++r) acc = Op{}(acc, plait::to_compute(value<T>(r, i)));
@@ -197,12 +197,12 @@ struct bench {
       std::nth_element(t.begin(), t.begin() + o.iters / 2, t.end());
       double med = t[static_cast<std::size_t>(o.iters / 2)];
       plait::all_reduce<plait::ring>(comm, std::span<double>(&med, 1), plait::max{});
-      long long bad = 0;
+      std::int64_t bad = 0;
       if (o.check) {
         fill(count);
         once(count);
         bad = wrong(count);
-        plait::all_reduce<plait::ring>(comm, std::span<long long>(&bad, 1), plait::sum{});
+        plait::all_reduce<plait::ring>(comm, std::span<std::int64_t>(&bad, 1), plait::sum{});
       }
       const double algbw = static_cast<double>(size) / (med * 1e-6) / 1e9;
       const double busbw = algbw * bus_factor(o.op, n);
@@ -211,7 +211,7 @@ struct bench {
       if (comm.rank() == 0) {
         std::printf("%12zu %12zu %8s %6s %6d %10.1f %9.3f %9.3f %7lld\n", size, count, o.type.c_str(),
                     o.redop.c_str(), (o.op == "broadcast" || o.op == "reduce") ? o.root : -1, med, algbw, busbw,
-                    o.check ? bad : -1LL);
+                    static_cast<long long>(o.check ? bad : -1));
         std::fflush(stdout);
       }
       const auto next = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor);

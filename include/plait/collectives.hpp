@@ -115,7 +115,7 @@ struct call_builder {
     if (async) {
       *req = core.submit(std::move(c));
     } else {
-      core.run(*c);
+      core.run(std::move(c));
     }
   }
 };

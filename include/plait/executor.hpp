@@ -2,8 +2,9 @@
 //
 // advance() is a step function: it runs steps while their slots are ready (every
 // received slot present, every outgoing slot free) and returns without blocking, so
-// a progress thread, a blocking call and a simulator can all drive it. run() loops
-// advance() and sleeps on the doorbell in between, with the call's deadline.
+// a progress thread, a blocking call and a simulator can all drive it; several calls
+// may be in flight, each pair's traffic kept in issue order. check() turns a
+// deadline, an abort or a failed peer into the call's error while waiting.
 // Each step is one pass of the fused kernel: it reads the received slots and the
 // local source, and writes the output and the outgoing slots directly (no staging).
 // Every received slot is checked against the call: a different call description is
@@ -15,7 +16,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 
 #include <plait/detail/doorbell.hpp>
 #include <plait/error.hpp>
@@ -41,6 +44,21 @@ struct call {
   int finalize_n = 1;                 // n for finalize (avg divides by it)
   clock::time_point deadline{};
   std::size_t next = 0;                // first step not yet done
+  // Steps not yet done that send to / receive from each peer: a later call may use
+  // a peer's FIFO only once every earlier call is done with it (per-pair order).
+  std::vector<std::uint32_t> sends_left, recvs_left;
+
+  void count_peers(int size) {
+    sends_left.assign(static_cast<std::size_t>(size), 0);
+    recvs_left.assign(static_cast<std::size_t>(size), 0);
+    for (const step& s : steps) {
+      for (int p : s.send_peer)
+        if (p >= 0) ++sends_left[static_cast<std::size_t>(p)];
+      for (int p : s.recv_peer)
+        if (p >= 0) ++recvs_left[static_cast<std::size_t>(p)];
+    }
+  }
+  bool done() const noexcept { return next >= steps.size(); }
 };
 
 class executor {
@@ -49,33 +67,34 @@ class executor {
       : rank_(rank), size_(size), links_(links), bell_(bell), aborted_(aborted) {}
 
   // Runs steps while they are ready. Returns true when the call is complete.
-  bool advance(call& c) {
+  // `earlier` are the calls issued before this one and not yet complete: a step
+  // waits while any of them still has traffic with the same peer in the same
+  // direction, so each pair's slots stay in issue order.
+  bool advance(call& c, std::span<call* const> earlier = {}) {
     while (c.next < c.steps.size()) {
-      if (!try_step(c, c.steps[c.next])) return false;
+      const step& s = c.steps[c.next];
+      if (!earlier.empty() && blocked_by(s, earlier)) return false;
+      if (!try_step(c, s)) return false;
+      for (int p : s.send_peer)
+        if (p >= 0) --c.sends_left[static_cast<std::size_t>(p)];
+      for (int p : s.recv_peer)
+        if (p >= 0) --c.recvs_left[static_cast<std::size_t>(p)];
       ++c.next;
     }
     return true;
   }
 
-  // Drives the call to completion or throws (timeout, aborted, peer_lost, mismatch, ...).
-  void run(call& c) {
-    auto last_health = clock::now();
-    for (;;) {
-      const std::uint32_t seen = bell_.snapshot();
-      if (advance(c)) return;
-      if (aborted_.load(std::memory_order_acquire))
-        throw error(errc::aborted, "abort() was called on this communicator; recreate it to go on", rank_, -1,
-                    c.desc.sequence);
-      const auto now = clock::now();
-      if (now - last_health > std::chrono::milliseconds(20)) {
-        check_peers(c);
-        last_health = now;
-      }
-      if (now >= c.deadline) throw timed_out(c);
-      const auto left = c.deadline - now;
-      bell_.wait(seen, left < max_sleep ? std::chrono::nanoseconds(left) : std::chrono::nanoseconds(max_sleep));
-    }
+  // Throws if the call cannot go on: aborted, past its deadline, or a peer it waits
+  // on has failed. Called between advances, while waiting.
+  void check(const call& c, clock::time_point now, bool health) {
+    if (aborted_.load(std::memory_order_acquire))
+      throw error(errc::aborted, "abort() was called on this communicator; recreate it to go on", rank_, -1,
+                  c.desc.sequence);
+    if (health) check_peers(c);
+    if (now >= c.deadline) throw timed_out(c);
   }
+
+  static constexpr auto max_sleep = std::chrono::milliseconds(50);
 
   // Tells every peer this rank failed call `d` (best effort, bounded): an error-notice
   // slot in each peer's FIFO, which they see at the head and turn into `mismatch`.
@@ -105,7 +124,15 @@ class executor {
   }
 
  private:
-  static constexpr auto max_sleep = std::chrono::milliseconds(50);
+  static bool blocked_by(const step& s, std::span<call* const> earlier) {
+    for (const call* e : earlier) {
+      for (int p : s.send_peer)
+        if (p >= 0 && e->sends_left[static_cast<std::size_t>(p)] > 0) return true;
+      for (int p : s.recv_peer)
+        if (p >= 0 && e->recvs_left[static_cast<std::size_t>(p)] > 0) return true;
+    }
+    return false;
+  }
 
   bool try_step(call& c, const step& s) {
     const void* srcs[3];

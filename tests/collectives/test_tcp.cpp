@@ -18,10 +18,12 @@ TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collec
   const int ranks = GENERATE(2, 4);
   CAPTURE(ranks);
   const std::size_t count = (16u << 20) / sizeof(float);
+  rank_options large;
+  large.slice_bytes = "128K";
   check_cases<tcp>(ranks, [=] {
     case_list<tcp> cs;
     add_all_reduce<tcp, float, plait::sum>(cs, ranks, count);
     add_others<tcp, float, plait::sum>(cs, ranks, count);
     return cs;
-  }, rank_options{.slice_bytes = "128K"});
+  }, large);
 }

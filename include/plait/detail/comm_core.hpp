@@ -4,10 +4,12 @@
 // are compiled once per program, not once per transport. Owns the links, the
 // doorbell, the sequence counters, the broken state and the progress thread that
 // drives async collectives.
-// Threading: calls come from one user thread at a time; async calls are queued to
-// one progress thread; a blocking call first waits for the queue to drain, then runs
-// on the caller's thread (no hand-off on the latency path). abort() may come from
-// any thread. After the first error every call rethrows it (the communicator is broken).
+// Threading: calls come from one user thread at a time. Every call joins a list of
+// calls in flight, advanced in issue order by whoever drives: a blocking call drives
+// on the caller's thread (no hand-off on the latency path), async calls are driven by
+// one progress thread; each pair's slots stay in issue order (executor::advance).
+// abort() may come from any thread. After the first error every call in flight fails
+// and every later call rethrows it (the communicator is broken).
 #pragma once
 
 #include <atomic>
@@ -81,72 +83,147 @@ class comm_core {
   // A locally detected misuse: use up the sequence number, tell the peers, break.
   [[noreturn]] void reject(const call_desc& d, std::string message) {
     error e(errc::invalid_argument, std::move(message), rank_, -1, d.sequence);
-    drain();
-    std::lock_guard exec(exec_mutex_);
+    try {
+      finish_all();  // earlier calls first: the notice must follow their slots
+    } catch (...) {
+    }
+    std::lock_guard lock(engine_mutex_);
     executor ex(rank_, size_, links_.get(), bell_, aborted_);
     ex.send_notice(d, clock::now() + std::min<std::chrono::nanoseconds>(cfg_.timeout, std::chrono::seconds(5)));
     mark_broken(e);
     throw e;
   }
 
-  void run(call& c) {
-    drain();
-    std::lock_guard exec(exec_mutex_);
-    execute(c);
+  // Runs a blocking call on the caller's thread (driving any async calls before it too).
+  void run(std::unique_ptr<call> c) {
+    throw_if_broken();
+    auto f = std::make_shared<flight>();
+    f->c = std::move(c);
+    enqueue(f);
+    drive_until([&] { return f->finished; });
+    if (f->failure) std::rethrow_exception(f->failure);
   }
 
+  // Queues an async call; the progress thread drives it.
   request submit(std::unique_ptr<call> c) {
-    auto state = std::make_shared<request_state>();
+    throw_if_broken();
+    auto f = std::make_shared<flight>();
+    f->c = std::move(c);
+    f->state = std::make_shared<request_state>();
+    request r(f->state);
     {
-      std::lock_guard lock(queue_mutex_);
+      std::lock_guard lock(worker_mutex_);
       if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
-      queue_.push_back(job{std::move(c), state});
     }
-    queue_cv_.notify_all();
-    return request(state);
+    enqueue(f);
+    worker_cv_.notify_all();
+    return r;
   }
 
   void abort() noexcept {
     aborted_.store(true, std::memory_order_release);
     bell_.ring();
-    queue_cv_.notify_all();
-    if (exec_mutex_.try_lock()) {  // idle: close now so peers learn at once
+    worker_cv_.notify_all();
+    if (engine_mutex_.try_lock()) {  // nobody is driving: fail what is queued and close now
+      fail_all(std::make_exception_ptr(
+          error(errc::aborted, "abort() was called on this communicator; recreate it to go on", rank_)));
       if (links_) links_->close();
-      exec_mutex_.unlock();
+      engine_mutex_.unlock();
     }
   }
 
  private:
-  struct job {
+  // One call in flight; `state` is set for async calls.
+  struct flight {
     std::unique_ptr<call> c;
     std::shared_ptr<request_state> state;
+    bool finished = false;
+    std::exception_ptr failure;
   };
 
-  void execute(call& c) {
-    throw_if_broken();
-    if (aborted_.load(std::memory_order_acquire)) {
-      error e(errc::aborted, "abort() was called on this communicator; recreate it to go on", rank_, -1,
-              c.desc.sequence);
-      mark_broken(e);
-      throw e;
+  void enqueue(const std::shared_ptr<flight>& f) {
+    f->c->count_peers(size_);
+    std::lock_guard lock(engine_mutex_);
+    active_.push_back(f);
+  }
+
+  // Drives every call in flight until `done()` holds (checked under the engine lock).
+  template <class Done>
+  void drive_until(Done done) {
+    auto last_health = clock::now();
+    for (;;) {
+      const std::uint32_t seen = bell_.snapshot();
+      clock::time_point next_deadline = clock::time_point::max();
+      {
+        std::lock_guard lock(engine_mutex_);
+        const auto now = clock::now();
+        const bool health = now - last_health > std::chrono::milliseconds(20);
+        if (health) last_health = now;
+        drive_once(now, health);
+        if (done()) return;
+        for (auto& f : active_) next_deadline = std::min(next_deadline, f->c->deadline);
+      }
+      const auto now = clock::now();
+      auto bound = std::chrono::duration_cast<std::chrono::nanoseconds>(executor::max_sleep);
+      if (next_deadline != clock::time_point::max() && next_deadline - now < bound)
+        bound = std::max(std::chrono::nanoseconds(0), std::chrono::nanoseconds(next_deadline - now));
+      bell_.wait(seen, bound);
     }
-    if (size_ == 1 || links_ == nullptr) {
-      executor ex(rank_, size_, nullptr, bell_, aborted_);
-      if (!ex.advance(c))
-        throw error(errc::protocol, "a single-rank schedule needs a peer (internal error)", rank_);
+  }
+
+  // Waits until every call issued so far has finished (successfully or not).
+  void finish_all() {
+    drive_until([&] { return active_.empty(); });
+  }
+
+  // Advances every call in issue order; completes the finished ones. Holds engine_mutex_.
+  void drive_once(clock::time_point now, bool health) {
+    if (active_.empty()) return;
+    executor ex(rank_, size_, links_.get(), bell_, aborted_);
+    std::vector<call*> earlier;
+    earlier.reserve(active_.size());
+    try {
+      for (auto& f : active_) {
+        call& c = *f->c;
+        const bool complete = (size_ == 1 || links_ == nullptr) ? ex.advance(c) : ex.advance(c, earlier);
+        if (!complete) {
+          if (size_ == 1 || links_ == nullptr)
+            throw error(errc::protocol, "a single-rank schedule needs a peer (internal error)", rank_);
+          ex.check(c, now, health);
+        }
+        earlier.push_back(&c);
+      }
+    } catch (const error& e) {
+      on_failure(ex, e);
+      fail_all(std::current_exception());
       return;
     }
-    executor ex(rank_, size_, links_.get(), bell_, aborted_);
-    try {
-      ex.run(c);
-    } catch (const error& e) {
-      mark_broken(e);
-      if (e.code() == errc::mismatch || e.code() == errc::protocol)
-        ex.send_notice(c.desc, clock::now() + std::chrono::milliseconds(200));
-      else if (e.code() != errc::timeout)
-        links_->close();  // peers waiting on this rank learn at once instead of timing out
-      throw;
+    while (!active_.empty() && active_.front()->c->done()) {
+      finish(*active_.front(), nullptr);
+      active_.pop_front();
     }
+  }
+
+  void on_failure(executor& ex, const error& e) {
+    mark_broken(e);
+    if (links_ == nullptr) return;
+    const call_desc d = active_.empty() ? call_desc{} : active_.front()->c->desc;
+    if (e.code() == errc::mismatch || e.code() == errc::protocol)
+      ex.send_notice(d, clock::now() + std::chrono::milliseconds(200));
+    else if (e.code() != errc::timeout)
+      links_->close();  // peers waiting on this rank learn at once instead of timing out
+  }
+
+  // Fails every call in flight with `e` (the communicator is broken). Holds engine_mutex_.
+  void fail_all(std::exception_ptr e) {
+    for (auto& f : active_) finish(*f, e);
+    active_.clear();
+  }
+
+  void finish(flight& f, std::exception_ptr e) {
+    f.failure = e;
+    f.finished = true;
+    if (f.state) f.state->complete(e);
   }
 
   void mark_broken(const error& e) {
@@ -154,50 +231,35 @@ class comm_core {
     if (!broken_) broken_ = e;
   }
 
-  // Waits until every queued async call has completed.
-  void drain() {
-    std::unique_lock lock(queue_mutex_);
-    idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  // The progress thread: drives async calls while any are in flight.
+  void work() {
+    for (;;) {
+      {
+        std::unique_lock lock(worker_mutex_);
+        worker_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
+          return stopping_.load() || has_active();
+        });
+        if (stopping_.load()) return;
+      }
+      if (!has_active()) continue;
+      drive_until([&] { return active_.empty() || stopping_.load(); });
+    }
   }
 
-  void work() {
-    std::unique_lock lock(queue_mutex_);
-    for (;;) {
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping with nothing left
-      job j = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      std::exception_ptr failure;
-      try {
-        std::lock_guard exec(exec_mutex_);
-        if (stopping_) {
-          error e(errc::aborted, "the communicator was destroyed before this collective ran", rank_, -1,
-                  j.c->desc.sequence);
-          mark_broken(e);
-          throw e;
-        }
-        execute(*j.c);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      j.state->complete(failure);
-      lock.lock();
-      busy_ = false;
-      if (queue_.empty()) idle_cv_.notify_all();
-    }
+  bool has_active() {
+    std::lock_guard lock(engine_mutex_);
+    return !active_.empty();
   }
 
   void stop_worker() noexcept {
-    {
-      std::lock_guard lock(queue_mutex_);
-      stopping_.store(true);
-    }
-    aborted_.store(true, std::memory_order_release);  // in-flight calls end promptly
+    stopping_.store(true);
     bell_.ring();
-    queue_cv_.notify_all();
+    worker_cv_.notify_all();
     if (worker_.joinable()) worker_.join();
+    std::lock_guard lock(engine_mutex_);
+    if (!active_.empty())
+      fail_all(std::make_exception_ptr(
+          error(errc::aborted, "the communicator was destroyed before this collective completed", rank_)));
   }
 
   int rank_, size_;
@@ -214,11 +276,10 @@ class comm_core {
   mutable std::mutex broken_mutex_;
   std::optional<error> broken_;
 
-  std::mutex exec_mutex_;  // held while a call runs
-  std::mutex queue_mutex_;
-  std::condition_variable queue_cv_, idle_cv_;
-  std::deque<job> queue_;
-  bool busy_ = false;
+  std::mutex engine_mutex_;  // held while driving calls; guards active_
+  std::deque<std::shared_ptr<flight>> active_;
+  std::mutex worker_mutex_;
+  std::condition_variable worker_cv_;
   std::atomic<bool> stopping_{false};
   std::thread worker_;
 };

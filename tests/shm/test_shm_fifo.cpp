@@ -1,0 +1,257 @@
+// FIFO semantics, framing checks, misuse and connect failures of the shm transport.
+#include <catch2/catch.hpp>
+
+#include "shm_test_support.hpp"
+
+namespace {
+
+using namespace plait::testing::shm_test;
+using plait::clock;
+using plait::errc;
+
+// Runs `what` and describes how it failed ("" if it threw the expected code).
+template <class F>
+std::string expect_error(F&& what, errc want, const std::string& label) {
+  try {
+    what();
+  } catch (const plait::error& e) {
+    if (e.code() == want) return {};
+    return label + ": threw " + std::string(plait::to_string(e.code())) + " instead of " +
+           std::string(plait::to_string(want)) + ": " + e.what();
+  }
+  return label + ": did not throw " + std::string(plait::to_string(want));
+}
+
+plait::detail::slot_header header_for(int sender, std::uint64_t sequence, std::uint32_t bytes) {
+  plait::detail::slot_header h;
+  h.sender = sender;
+  h.desc.sequence = sequence;
+  h.bytes = bytes;
+  return h;
+}
+
+// Waits (bounded) until peek(peer) returns a slot.
+plait::slot_view wait_for_slot(plait::link_set& links, plait::detail::doorbell& bell, int peer) {
+  const auto deadline = clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    const auto seen = bell.snapshot();
+    if (auto v = links.peek(peer); v.header != nullptr) return v;
+    links.health(peer);
+    if (clock::now() > deadline) throw std::runtime_error("no slot from rank " + std::to_string(peer) + " in 10 s");
+    bell.wait(seen, std::chrono::milliseconds(10));
+  }
+}
+
+constexpr std::size_t depth = 4;
+constexpr std::size_t slot = 256;
+
+std::string fifo_sender(plait::testing::file_bootstrap& ctx, plait::link_set& links, plait::detail::doorbell& bell) {
+  const auto deadline = clock::now() + std::chrono::seconds(20);
+  ctx.get("misuse-checked", deadline);  // the receiver's FIFO must be empty for its checks
+  std::byte* first = links.acquire(1);
+  if (first == nullptr) return "the first acquire() on an empty FIFO returned nullptr";
+  if (links.acquire(1) != first) return "acquire() twice before post() returned different slots";
+  if (auto bad = expect_error([&] { links.post(1, header_for(0, 0, slot + 1)); }, errc::invalid_argument,
+                              "post() of more bytes than a slot holds");
+      !bad.empty())
+    return bad;
+  for (std::size_t i = 0; i < depth; ++i) {
+    std::byte* p = links.acquire(1);
+    if (p == nullptr) return "acquire() #" + std::to_string(i) + " returned nullptr before the FIFO was full";
+    p[0] = std::byte{static_cast<unsigned char>(i + 1)};
+    links.post(1, header_for(0, i, 1));
+  }
+  if (links.acquire(1) != nullptr) return "acquire() after depth posts without release did not return nullptr";
+  if (auto bad =
+          expect_error([&] { links.post(1, header_for(0, 99, 1)); }, errc::invalid_argument, "post() into a full FIFO");
+      !bad.empty())
+    return bad;
+  const std::byte one{1};
+  ctx.put("full", std::span(&one, 1));
+  ctx.get("released-one", deadline);
+  // Space comes back once the receiver released a slot (it rang our doorbell).
+  for (;;) {
+    const auto seen = bell.snapshot();
+    if (std::byte* p = links.acquire(1)) {
+      p[0] = std::byte{static_cast<unsigned char>(depth + 1)};
+      links.post(1, header_for(0, depth, 1));
+      break;
+    }
+    if (clock::now() > deadline) return "acquire() still nullptr after the receiver released a slot";
+    bell.wait(seen, std::chrono::milliseconds(10));
+  }
+  if (links.acquire(1) != nullptr) return "the FIFO has room after refilling the one freed slot";
+  ctx.put("refilled", std::span(&one, 1));
+  ctx.barrier("done", deadline);
+  return "ok";
+}
+
+std::string fifo_receiver(plait::testing::file_bootstrap& ctx, plait::link_set& links, plait::detail::doorbell& bell) {
+  const auto deadline = clock::now() + std::chrono::seconds(20);
+  if (auto bad = expect_error([&] { links.release(0); }, errc::invalid_argument, "release() with nothing received");
+      !bad.empty())
+    return bad;
+  if (auto bad = expect_error([&] { links.acquire(1); }, errc::invalid_argument, "acquire() for itself"); !bad.empty())
+    return bad;
+  if (auto bad = expect_error([&] { links.peek(7); }, errc::invalid_argument, "peek() for a rank out of range");
+      !bad.empty())
+    return bad;
+  const std::byte one{1};
+  ctx.put("misuse-checked", std::span(&one, 1));
+  ctx.get("full", deadline);
+  for (std::size_t i = 0; i <= depth; ++i) {
+    const plait::slot_view v = wait_for_slot(links, bell, 0);
+    if (links.peek(0).payload != v.payload) return "peek() twice before release() returned different slots";
+    if (v.header->desc.sequence != i || v.header->bytes != 1 ||
+        v.payload[0] != std::byte{static_cast<unsigned char>(i + 1)})
+      return "slot " + std::to_string(i) + " arrived as sequence " + std::to_string(v.header->desc.sequence) +
+             " with " + std::to_string(v.header->bytes) + " bytes, first byte " +
+             std::to_string(static_cast<int>(v.payload[0]));
+    links.release(0);
+    if (i == 0) {
+      ctx.put("released-one", std::span(&one, 1));
+      ctx.get("refilled", deadline);  // the sender checks the FIFO is full again meanwhile
+    }
+  }
+  if (links.peek(0).header != nullptr) return "a slot arrived that was never posted";
+  ctx.barrier("done", deadline);
+  return "ok";
+}
+
+}  // namespace
+
+TEST_CASE("shm FIFO: acquire is nullptr when full, space returns on release, slots keep their order", "[shm][fifo]") {
+  temp_dir dir;
+  const auto results = run_ranks(2, std::chrono::seconds(60), [&](int r, int) -> std::string {
+    plait::testing::file_bootstrap ctx(dir.path(), r, 2);
+    plait::detail::doorbell bell;
+    const std::vector<int> peers{1 - r};
+    auto links = plait::transport::shm::connect(ctx, bell, config(slot, depth), peers);
+    return r == 0 ? fifo_sender(ctx, *links, bell) : fifo_receiver(ctx, *links, bell);
+  });
+  CHECK(results[0] == "ok");
+  CHECK(results[1] == "ok");
+  CHECK(shm_leftovers(dir.job_key()).empty());
+}
+
+TEST_CASE("shm: a slot with a bad header is a protocol error, on peek and on health", "[shm][fifo]") {
+  temp_dir dir;
+  const auto results = run_ranks(2, std::chrono::seconds(60), [&](int r, int) -> std::string {
+    plait::testing::file_bootstrap ctx(dir.path(), r, 2);
+    plait::detail::doorbell bell;
+    const std::vector<int> peers{1 - r};
+    auto links = plait::transport::shm::connect(ctx, bell, config(slot, depth), peers);
+    const auto deadline = clock::now() + std::chrono::seconds(20);
+    if (r == 0) {
+      auto h = header_for(0, 0, 8);
+      h.magic = 0x12345678;
+      if (links->acquire(1) == nullptr) return "no free slot";
+      links->post(1, h);
+    } else {
+      std::string outcome;
+      for (;;) {  // peek throws once the garbage slot is there
+        const auto seen = bell.snapshot();
+        try {
+          if (links->peek(0).header != nullptr) {
+            outcome = "peek() returned a slot with a bad magic number";
+            break;
+          }
+        } catch (const plait::error& e) {
+          if (e.code() != errc::protocol || e.peer() != 0) outcome = std::string("peek() threw ") + e.what();
+          break;
+        }
+        if (clock::now() > deadline) {
+          outcome = "the bad slot never arrived";
+          break;
+        }
+        bell.wait(seen, std::chrono::milliseconds(10));
+      }
+      if (outcome.empty())
+        outcome = expect_error([&] { links->health(0); }, errc::protocol, "health() after a bad slot");
+      if (outcome.empty())
+        outcome = expect_error([&] { links->peek(0); }, errc::protocol, "peek() again after a bad slot");
+      if (!outcome.empty()) return outcome;
+    }
+    ctx.barrier("done", deadline);
+    return "ok";
+  });
+  CHECK(results[0] == "ok");
+  CHECK(results[1] == "ok");
+}
+
+TEST_CASE("shm connect: ranks with different slot sizes fail with mismatch", "[shm][connect]") {
+  temp_dir dir;
+  const auto results = run_ranks(2, std::chrono::seconds(60), [&](int r, int) -> std::string {
+    plait::testing::file_bootstrap ctx(dir.path(), r, 2);
+    plait::detail::doorbell bell;
+    const std::vector<int> peers{1 - r};
+    return expect_error([&] { plait::transport::shm::connect(ctx, bell, config(r == 0 ? 4096 : 8192, 4, 5s), peers); },
+                        errc::mismatch, "connect() with different slot sizes");
+  });
+  CHECK(results[0] == "");
+  CHECK(results[1] == "");
+  CHECK(shm_leftovers(dir.job_key()).empty());
+}
+
+TEST_CASE("shm connect: a rank that never comes is a timeout, and nothing is left in /dev/shm", "[shm][connect]") {
+  temp_dir dir;
+  plait::testing::file_bootstrap ctx(dir.path(), 0, 2);
+  plait::detail::doorbell bell;
+  const std::vector<int> peers{1};
+  const auto start = clock::now();
+  try {
+    plait::transport::shm::connect(ctx, bell, config(1024, 4, 300ms), peers);
+    FAIL("connect() returned without rank 1");
+  } catch (const plait::error& e) {
+    CHECK(e.code() == errc::timeout);
+  }
+  CHECK(clock::now() - start < 5s);
+  CHECK(shm_leftovers(dir.job_key()).empty());
+  // The doorbell no longer points into the segment that is gone.
+  bell.ring();
+  CHECK(bell.snapshot() != 0);
+}
+
+TEST_CASE("shm connect: bad arguments are invalid_argument before anything is created", "[shm][connect]") {
+  temp_dir dir;
+  plait::testing::file_bootstrap ctx(dir.path(), 0, 3);
+  plait::detail::doorbell bell;
+  auto connect = [&](std::vector<int> peers, std::size_t slot_bytes, std::size_t slots) {
+    return expect_error([&] { plait::transport::shm::connect(ctx, bell, config(slot_bytes, slots, 1s), peers); },
+                        errc::invalid_argument, "connect()");
+  };
+  CHECK(connect({0, 1}, 1024, 4) == "");  // itself
+  CHECK(connect({1, 3}, 1024, 4) == "");  // out of range
+  CHECK(connect({1, 1}, 1024, 4) == "");  // twice
+  CHECK(connect({1, 2}, 0, 4) == "");     // empty slots
+  CHECK(connect({1, 2}, 1024, 0) == "");  // no slots
+  CHECK(shm_leftovers(dir.job_key()).empty());
+}
+
+TEST_CASE("shm: a rank with no shm peers takes part in connect and reaches nobody", "[shm][connect]") {
+  temp_dir dir;
+  const auto results = run_ranks(3, std::chrono::seconds(60), [&](int r, int) -> std::string {
+    plait::testing::file_bootstrap ctx(dir.path(), r, 3);
+    plait::detail::doorbell bell;
+    const std::vector<int> peers = r == 2 ? std::vector<int>{} : std::vector<int>{1 - r};
+    auto links = plait::transport::shm::connect(ctx, bell, config(64, 2), peers);
+    const auto deadline = clock::now() + std::chrono::seconds(20);
+    if (r == 2) {
+      for (int p = 0; p < 3; ++p)
+        if (links->reaches(p)) return "rank 2 reaches " + std::to_string(p);
+    } else {
+      if (links->reaches(2)) return "reaches rank 2, which has no shm link";
+      std::byte* p = links->acquire(1 - r);
+      if (p == nullptr) return "no free slot";
+      p[0] = std::byte{static_cast<unsigned char>(40 + r)};
+      links->post(1 - r, header_for(r, 0, 1));
+      const plait::slot_view v = wait_for_slot(*links, bell, 1 - r);
+      if (v.payload[0] != std::byte{static_cast<unsigned char>(40 + 1 - r)}) return "wrong payload";
+      links->release(1 - r);
+    }
+    ctx.barrier("done", deadline);
+    return "ok";
+  });
+  for (const auto& r : results) CHECK(r == "ok");
+  CHECK(shm_leftovers(dir.job_key()).empty());
+}

@@ -1,0 +1,376 @@
+// The TCP link set's wire behaviour, driven byte by byte from the other end of a
+// socketpair: framing across partial reads, credit flow control, closing, end of
+// stream, and garbage (which must be `protocol`, never a crash or a hang).
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <plait/transport/tcp.hpp>
+#include <support/file_bootstrap.hpp>
+
+#include "tcp_test_support.hpp"
+
+using namespace std::chrono_literals;
+using plait::slot_view;
+using plait::detail::fd_handle;
+using plait::detail::slot_header;
+using plait::transport::tcp_detail::control_frame;
+using plait::transport::tcp_detail::control_type;
+using plait::transport::tcp_detail::tcp_link_set;
+
+namespace {
+
+constexpr std::size_t slot_bytes = 256;
+constexpr std::size_t depth = 2;
+
+// Rank 0's link set on one end of a socketpair; the test plays rank 1 on the other.
+struct raw_peer {
+  plait::detail::doorbell bell;
+  fd_handle raw;
+  std::unique_ptr<tcp_link_set> links;
+
+  raw_peer() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    raw.reset(sv[1]);
+    std::vector<std::pair<int, fd_handle>> sockets;
+    sockets.emplace_back(1, fd_handle(sv[0]));
+    links =
+        std::make_unique<tcp_link_set>(0, 2, bell, plait::link_config{slot_bytes, depth, 300ms}, std::move(sockets));
+  }
+
+  void send(const void* p, std::size_t n) { plait::detail::send_all(raw.get(), p, n, plait::clock::now() + 5s); }
+  void send_slot(std::uint32_t bytes, std::uint64_t index, bool byte_by_byte = false) {
+    std::vector<std::byte> frame(sizeof(slot_header) + bytes);
+    const slot_header h = plait::testing::pattern_header(1, index, bytes);
+    std::memcpy(frame.data(), &h, sizeof h);
+    plait::testing::fill_pattern(frame.data() + sizeof h, bytes, 1, 0, index);
+    if (!byte_by_byte) return send(frame.data(), frame.size());
+    for (std::size_t i = 0; i < frame.size(); ++i) {
+      send(&frame[i], 1);
+      if (i % 16 == 0) std::this_thread::sleep_for(200us);  // let the reader see partial frames
+    }
+  }
+  void send_control(control_type type, std::uint64_t value) {
+    control_frame c;
+    c.type = type;
+    c.value = value;
+    send(&c, sizeof c);
+  }
+  template <class T>
+  T receive() {
+    T value;
+    plait::detail::recv_all(raw.get(), &value, sizeof value, plait::clock::now() + 5s);
+    return value;
+  }
+  // True when nothing arrives on the raw end within `quiet`.
+  bool silent_for(std::chrono::milliseconds quiet) {
+    pollfd p{raw.get(), POLLIN, 0};
+    return ::poll(&p, 1, static_cast<int>(quiet.count())) == 0;
+  }
+
+  slot_view wait_slot() {
+    const auto until = plait::clock::now() + 5s;
+    for (;;) {
+      const auto seen = bell.snapshot();
+      if (auto v = links->peek(1); v.header != nullptr) return v;
+      if (plait::clock::now() > until) return {};
+      bell.wait(seen, 10ms);
+    }
+  }
+
+  std::optional<plait::error> wait_failure(std::chrono::milliseconds bound = 2000ms) {
+    const auto until = plait::clock::now() + bound;
+    for (;;) {
+      const auto seen = bell.snapshot();
+      try {
+        links->health(1);
+      } catch (const plait::error& e) {
+        return e;
+      }
+      if (plait::clock::now() > until) return std::nullopt;
+      bell.wait(seen, 10ms);
+    }
+  }
+};
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("tcp slots written in pieces arrive whole, in order, with every size", "[tcp][frames]") {
+  raw_peer t;
+  t.send_slot(100, 0, true);
+  t.send_slot(0, 1, true);
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    const std::uint32_t want = i == 0 ? 100 : i == 1 ? 0 : slot_bytes;
+    const slot_view v = t.wait_slot();
+    REQUIRE(v.header != nullptr);
+    REQUIRE(v.header->bytes == want);
+    REQUIRE(v.header->desc.sequence == i);
+    for (std::size_t j = 0; j < want; ++j) REQUIRE(v.payload[j] == plait::testing::pattern_byte(1, 0, i, j));
+    t.links->release(1);
+    // Each release returns its slot to the sender as a credit.
+    const auto c = t.receive<control_frame>();
+    REQUIRE(c.magic == plait::transport::tcp_detail::control_magic);
+    REQUIRE(c.type == control_type::credit);
+    REQUIRE(c.value == 1);
+    if (i == 0) t.send_slot(slot_bytes, 2);  // depth 2: the third slot needs this credit
+  }
+  REQUIRE(t.links->peek(1).header == nullptr);
+  REQUIRE_NOTHROW(t.links->health(1));
+}
+
+TEST_CASE("tcp sends a posted slot as header plus payload, and no more slots than it has credits", "[tcp][frames]") {
+  raw_peer t;
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    std::byte* p = nullptr;
+    const auto until = plait::clock::now() + 2s;
+    while ((p = t.links->acquire(1)) == nullptr && plait::clock::now() < until) std::this_thread::sleep_for(1ms);
+    REQUIRE(p != nullptr);
+    REQUIRE(reinterpret_cast<std::uintptr_t>(p) % 64 == 0);
+    plait::testing::fill_pattern(p, 40 + i, 0, 1, i);
+    t.links->post(1, plait::testing::pattern_header(0, i, 40 + i));
+  }
+  for (std::uint64_t i = 0; i < 2; ++i) {  // depth 2: two credits
+    const auto h = t.receive<slot_header>();
+    REQUIRE(h.magic == plait::detail::slot_magic);
+    REQUIRE(h.bytes == 40 + i);
+    REQUIRE(h.desc.sequence == i);
+    std::vector<std::byte> payload(h.bytes);
+    plait::detail::recv_all(t.raw.get(), payload.data(), payload.size(), plait::clock::now() + 5s);
+    for (std::size_t j = 0; j < payload.size(); ++j) REQUIRE(payload[j] == plait::testing::pattern_byte(0, 1, i, j));
+  }
+  CHECK(t.silent_for(100ms));  // the third slot waits for a credit
+  // The send FIFO holds depth slots: with one waiting, one more fits, then none.
+  REQUIRE(t.links->acquire(1) != nullptr);
+  t.links->post(1, plait::testing::pattern_header(0, 3, 0));
+  REQUIRE(t.links->acquire(1) == nullptr);
+  t.send_control(control_type::credit, 2);
+  REQUIRE(t.receive<slot_header>().desc.sequence == 2);
+  std::vector<std::byte> payload(42);
+  plait::detail::recv_all(t.raw.get(), payload.data(), payload.size(), plait::clock::now() + 5s);
+  REQUIRE(t.receive<slot_header>().desc.sequence == 3);
+  REQUIRE_NOTHROW(t.links->health(1));
+}
+
+TEST_CASE("tcp garbage from a peer is a protocol error naming it", "[tcp][frames]") {
+  struct garbage_case {
+    const char* name;
+    std::function<void(raw_peer&)> send;
+    const char* says;
+  };
+  auto header_with = [](auto change) {
+    return [change](raw_peer& t) {
+      slot_header h = plait::testing::pattern_header(1, 0, 0);
+      change(h);
+      t.send(&h, sizeof h);
+    };
+  };
+  const std::vector<garbage_case> cases = {
+      {"bad magic",
+       [](raw_peer& t) {
+         std::vector<std::byte> junk(64, std::byte{0xab});
+         t.send(junk.data(), 64);
+       },
+       "0xabababab"},
+      {"text", [](raw_peer& t) { t.send("GET / HTTP/1.0\r\n\r\n", 18); }, "neither a slot"},
+      {"slot version", header_with([](slot_header& h) { h.version = 99; }), "version 99"},
+      {"slot larger than a slot", header_with([](slot_header& h) { h.bytes = slot_bytes + 1; }), "257 payload bytes"},
+      {"4 GiB slot", header_with([](slot_header& h) { h.bytes = 0xffffffffu; }), "4294967295 payload bytes"},
+      {"unknown control type", [](raw_peer& t) { t.send_control(static_cast<control_type>(7), 0); }, "unknown type 7"},
+      {"control version",
+       [](raw_peer& t) {
+         control_frame c;
+         c.version = 9;
+         t.send(&c, sizeof c);
+       },
+       "control frame version 9"},
+      {"credit for nothing sent", [](raw_peer& t) { t.send_control(control_type::credit, 1); }, "credit of 1"},
+      {"more slots than credits",
+       [](raw_peer& t) {
+         for (std::uint64_t i = 0; i <= depth; ++i) t.send_slot(0, i);
+       },
+       "more slots than this rank granted"},
+      {"closing announcing too much", [](raw_peer& t) { t.send_control(control_type::closing, depth + 1); },
+       "announcing 3 more"},
+      {"slot after closing",
+       [](raw_peer& t) {
+         t.send_control(control_type::closing, 0);
+         t.send_slot(8, 0);
+       },
+       "after its closing frame"},
+  };
+  for (const auto& c : cases) {
+    SECTION(c.name) {
+      raw_peer t;
+      c.send(t);
+      const auto e = t.wait_failure();
+      REQUIRE(e.has_value());
+      INFO(e->what());
+      CHECK(e->code() == plait::errc::protocol);
+      CHECK(e->peer() == 1);
+      CHECK(e->rank() == 0);
+      CHECK(contains(e->what(), "garbage from rank 1"));
+      CHECK(contains(e->what(), c.says));
+      // Sticky: every later check says the same.
+      CHECK_THROWS_AS(t.links->health(1), plait::error);
+    }
+  }
+}
+
+TEST_CASE("tcp end of stream is peer_lost, once the slots that arrived before it are read", "[tcp][frames]") {
+  raw_peer t;
+  t.send_slot(16, 0);
+  t.raw.reset();  // the peer's process is gone
+  REQUIRE(t.wait_slot().header != nullptr);
+  std::this_thread::sleep_for(50ms);    // the end of stream has been seen by now
+  REQUIRE_NOTHROW(t.links->health(1));  // a slot is still there to read
+  t.links->release(1);
+  const auto e = t.wait_failure(1000ms);
+  REQUIRE(e.has_value());
+  INFO(e->what());
+  CHECK(e->code() == plait::errc::peer_lost);
+  CHECK(e->peer() == 1);
+  CHECK(contains(e->what(), "rank 1 closed its connection"));
+}
+
+TEST_CASE("tcp end of stream inside a frame is peer_lost", "[tcp][frames]") {
+  raw_peer t;
+  slot_header h = plait::testing::pattern_header(1, 0, 100);
+  t.send(&h, sizeof h);
+  std::vector<std::byte> half(50);
+  t.send(half.data(), half.size());
+  t.raw.reset();
+  const auto e = t.wait_failure(1000ms);
+  REQUIRE(e.has_value());
+  CHECK(e->code() == plait::errc::peer_lost);
+  CHECK(t.links->peek(1).header == nullptr);
+}
+
+TEST_CASE("tcp a peer that closed is no error until this rank waits on it for more", "[tcp][frames]") {
+  raw_peer t;
+  t.send_control(control_type::closing, 2);  // two more slots follow
+  t.send_slot(4, 0);
+  REQUIRE(t.wait_slot().header != nullptr);
+  REQUIRE_NOTHROW(t.links->health(1));
+  t.links->release(1);
+  std::this_thread::sleep_for(20ms);
+  REQUIRE_NOTHROW(t.links->health(1));  // one more is announced
+  t.send_slot(4, 1);
+  REQUIRE(t.wait_slot().header != nullptr);
+  t.links->release(1);
+  const auto e = t.wait_failure(1000ms);
+  REQUIRE(e.has_value());
+  INFO(e->what());
+  CHECK(e->code() == plait::errc::peer_lost);
+  CHECK(contains(e->what(), "rank 1 closed its connection"));
+}
+
+TEST_CASE("tcp sending to a peer that closed is an error even while its slots are unread", "[tcp][frames]") {
+  raw_peer t;
+  t.send_slot(4, 0);
+  t.send_control(control_type::closing, 0);
+  REQUIRE(t.wait_slot().header != nullptr);
+  std::this_thread::sleep_for(20ms);
+  REQUIRE_NOTHROW(t.links->health(1));
+  REQUIRE(t.links->acquire(1) == nullptr);
+  CHECK_THROWS_AS(t.links->health(1), plait::error);
+}
+
+TEST_CASE("tcp close() announces the slots still to come, sends them as credits allow, then ends the stream",
+          "[tcp][frames]") {
+  raw_peer t;
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    REQUIRE(t.links->acquire(1) != nullptr);
+    t.links->post(1, plait::testing::pattern_header(0, i, 0));
+  }
+  REQUIRE(t.receive<slot_header>().desc.sequence == 0);
+  REQUIRE(t.receive<slot_header>().desc.sequence == 1);
+  t.send_control(control_type::credit, 1);  // room for one more
+  std::this_thread::sleep_for(20ms);
+  for (std::uint64_t i = 2; i < 4; ++i) {
+    const auto until = plait::clock::now() + 2s;
+    while (t.links->acquire(1) == nullptr && plait::clock::now() < until) std::this_thread::sleep_for(1ms);
+    t.links->post(1, plait::testing::pattern_header(0, i, 0));
+  }
+  REQUIRE(t.receive<slot_header>().desc.sequence == 2);
+  t.links->close();
+  const auto c = t.receive<control_frame>();
+  REQUIRE(c.type == control_type::closing);
+  REQUIRE(c.value == 1);  // slot 3 still waits for a credit
+  CHECK(t.silent_for(50ms));
+  t.send_control(control_type::credit, 1);
+  REQUIRE(t.receive<slot_header>().desc.sequence == 3);
+  char byte;
+  REQUIRE(::recv(t.raw.get(), &byte, 1, 0) == 0);  // end of stream
+  // This rank's own calls now fail fast.
+  REQUIRE(t.links->acquire(1) == nullptr);
+  try {
+    t.links->health(1);
+    FAIL("health() after close() must throw");
+  } catch (const plait::error& e) {
+    CHECK(e.code() == plait::errc::aborted);
+  }
+}
+
+TEST_CASE("tcp destruction delivers the slots already posted before ending the stream", "[tcp][frames]") {
+  raw_peer t;
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    REQUIRE(t.links->acquire(1) != nullptr);
+    t.links->post(1, plait::testing::pattern_header(0, i, 8));
+  }
+  std::this_thread::sleep_for(50ms);  // both are in the socket, unread: the destructor must wait for them
+  std::thread destroy([&] { t.links.reset(); });
+  std::vector<std::uint64_t> got;
+  for (int i = 0; i < 2; ++i) {
+    got.push_back(t.receive<slot_header>().desc.sequence);
+    char payload[8];
+    plait::detail::recv_all(t.raw.get(), payload, 8, plait::clock::now() + 5s);
+  }
+  const auto c = t.receive<control_frame>();
+  char byte;
+  const auto end = ::recv(t.raw.get(), &byte, 1, 0);
+  destroy.join();
+  CHECK(got == std::vector<std::uint64_t>{0, 1});
+  CHECK(c.type == control_type::closing);
+  CHECK(end == 0);
+}
+
+TEST_CASE("tcp connect, traffic and destruction leave no thread or descriptor behind", "[tcp][frames]") {
+  auto count = [](const char* dir) {
+    return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator());
+  };
+  const auto fds = count("/proc/self/fd"), threads = count("/proc/self/task");
+  {
+    plait::testing::temp_dir dir;
+    std::string errors[2];
+    std::thread ranks[2];
+    for (int r = 0; r < 2; ++r)
+      ranks[r] = std::thread([&, r] {
+        try {
+          plait::testing::file_bootstrap ctx(dir.path, r, 2);
+          plait::detail::doorbell bell;
+          const int peer = 1 - r;
+          auto links = plait::transport::tcp::connect(ctx, bell, plait::link_config{300, 2, 10s}, std::span(&peer, 1));
+          errors[r] = plait::testing::exchange_all(*links, bell, r, std::span(&peer, 1), 50, 10s);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : ranks) t.join();
+    CHECK(errors[0].empty());
+    CHECK(errors[1].empty());
+    raw_peer t;
+    t.send_slot(10, 0);
+    REQUIRE(t.wait_slot().header != nullptr);
+  }
+  CHECK(count("/proc/self/fd") == fds);
+  CHECK(count("/proc/self/task") == threads);
+}

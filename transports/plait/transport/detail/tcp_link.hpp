@@ -1,0 +1,459 @@
+// One TCP link: the two slot FIFOs to one peer and the byte stream that connects them.
+//
+// Two threads touch a link, each through its own half:
+//   executor thread: acquire/post (send FIFO) and peek/release (receive FIFO), never
+//     blocking and never allocating; it publishes with the counters posted_/released_;
+//   progress thread: pump_rx()/pump_tx() on the non-blocking socket; it publishes with
+//     arrived_/sent_. Each counter has one writer (single-producer/single-consumer).
+// Flow control is by credits: the sender starts with `depth` and spends one per data
+// frame; the receiver returns one per release(). So a data frame always finds a free
+// receive slot, the progress thread can always drain the socket, and control frames
+// (credits, closing) are never stuck behind data the executor has not consumed.
+// Failures (end-of-stream, reset, garbage) are recorded once per link, with a message,
+// under a mutex; health() reads them (see tcp_link_set for when they are raised).
+#pragma once
+
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include <plait/detail/socket.hpp>
+#include <plait/error.hpp>
+#include <plait/transport/detail/tcp_frame_reader.hpp>
+#include <plait/transport/detail/tcp_wire.hpp>
+#include <plait/wire.hpp>
+
+namespace plait::transport::tcp_detail {
+
+using plait::detail::slot_header;
+
+// depth slots of [slot_header | payload], each padded to 64 bytes so payloads stay aligned.
+class slot_ring {
+ public:
+  slot_ring(std::size_t depth, std::size_t slot_bytes)
+      : depth_(depth),
+        stride_((sizeof(slot_header) + slot_bytes + 63) / 64 * 64),
+        memory_(static_cast<std::byte*>(::operator new (depth_* stride_, std::align_val_t{64}))) {}
+  ~slot_ring() { ::operator delete (memory_, std::align_val_t{64}); }
+  slot_ring(const slot_ring&) = delete;
+  slot_ring& operator=(const slot_ring&) = delete;
+
+  std::byte* slot(std::uint64_t index) const noexcept { return memory_ + (index % depth_) * stride_; }
+  slot_header* header(std::uint64_t index) const noexcept { return reinterpret_cast<slot_header*>(slot(index)); }
+  std::byte* payload(std::uint64_t index) const noexcept { return slot(index) + sizeof(slot_header); }
+
+ private:
+  std::size_t depth_;
+  std::size_t stride_;
+  std::byte* memory_;
+};
+
+enum class link_state : int {
+  ok,
+  closed,  // the peer sent a closing frame (it finished, aborted or failed)
+  lost,    // the connection ended without one, or before the announced frames arrived
+  broken,  // garbage on the wire (protocol)
+};
+
+class tcp_link {
+ public:
+  tcp_link(int rank, int peer, plait::detail::fd_handle fd, std::size_t slot_bytes, std::size_t depth)
+      : rank_(rank),
+        peer_(peer),
+        fd_(std::move(fd)),
+        slot_bytes_(slot_bytes),
+        depth_(depth),
+        send_(depth, slot_bytes),
+        recv_(depth, slot_bytes),
+        credits_(depth) {
+    plait::detail::set_nonblocking(fd_.get(), true);  // the progress thread must never block in I/O
+  }
+
+  int peer() const noexcept { return peer_; }
+  int fd() const noexcept { return fd_.get(); }
+
+  // ---- executor thread ---------------------------------------------------------
+
+  std::byte* acquire() noexcept {
+    if (state_.load(std::memory_order_acquire) != link_state::ok) {
+      send_after_failure_ = true;  // nobody will drain it: health() must say so
+      return nullptr;
+    }
+    if (posted_local_ - sent_.load(std::memory_order_acquire) >= depth_) return nullptr;
+    return send_.payload(posted_local_);
+  }
+
+  void post(const slot_header& h) {
+    if (posted_local_ - sent_.load(std::memory_order_acquire) >= depth_)
+      throw error(errc::invalid_argument, "post() to rank " + std::to_string(peer_) + " without a slot from acquire()",
+                  rank_, peer_);
+    if (h.bytes > slot_bytes_)
+      throw error(
+          errc::invalid_argument,
+          "post() of " + std::to_string(h.bytes) + " bytes into a " + std::to_string(slot_bytes_) + "-byte slot", rank_,
+          peer_);
+    std::memcpy(send_.header(posted_local_), &h, sizeof h);
+    ++posted_local_;
+    posted_.store(posted_local_, std::memory_order_seq_cst);  // seq_cst: pairs with the sleep check
+  }
+
+  slot_view peek() const noexcept {
+    if (arrived_.load(std::memory_order_acquire) == released_local_) return {};
+    return {recv_.header(released_local_), recv_.payload(released_local_)};
+  }
+
+  void release() {
+    if (arrived_.load(std::memory_order_acquire) == released_local_)
+      throw error(errc::invalid_argument, "release() from rank " + std::to_string(peer_) + " with no slot to release",
+                  rank_, peer_);
+    ++released_local_;
+    released_.store(released_local_, std::memory_order_seq_cst);
+  }
+
+  // Throws the link's failure when this rank is still waiting on the peer: a peer
+  // that closed or died is an error only once nothing it sent is left to read and
+  // nothing more is announced, or when this rank tries to send to it.
+  void health() const {
+    const link_state s = state_.load(std::memory_order_acquire);
+    if (s == link_state::ok) return;
+    if (s != link_state::broken && !send_after_failure_) {
+      if (s == link_state::closed && remaining_.load(std::memory_order_acquire) > 0) return;
+      if (arrived_.load(std::memory_order_acquire) != released_local_) return;
+    }
+    std::lock_guard lock(mutex_);
+    throw error(code_, why_, rank_, peer_);
+  }
+
+  link_state state() const noexcept { return state_.load(std::memory_order_acquire); }
+
+  // ---- progress thread ------------------------------------------------------------
+
+  // Reads everything the socket has; returns true when the executor has news.
+  bool pump_rx() {
+    if (rx_done_) return false;
+    const read_result r = reader_.pump(fd_.get(), *this);
+    switch (r.status) {
+      case read_status::drained:
+        return r.news;
+      case read_status::end_of_stream:
+        on_end_of_stream();
+        return true;
+      case read_status::failed:
+        on_stream_error(r.error);
+        return true;
+      case read_status::stopped:
+        return true;  // the failure is recorded
+    }
+    return true;
+  }
+
+  // Starts the end of this link: announce what is still to come, send it, then FIN.
+  void begin_close() noexcept { closing_ = true; }
+
+  // Writes control frames and posted slots the credits allow; true when a send slot freed.
+  bool pump_tx() {
+    bool news = false;
+    while (!tx_done_ && !want_writable_) {
+      stage_control();
+      iovec iov[max_iov];
+      int n = 0;
+      std::size_t total = 0;
+      if (ctl_off_ < ctl_len_) {
+        iov[n++] = {ctl_ + ctl_off_, ctl_len_ - ctl_off_};
+        total += ctl_len_ - ctl_off_;
+      }
+      const std::uint64_t limit = closing_ ? posted_limit_ : posted_.load(std::memory_order_acquire);
+      std::uint64_t startable = credits_;
+      for (std::uint64_t i = sent_local_; i < limit && n < max_iov; ++i) {
+        const bool started = i == sent_local_ && frame_off_ > 0;
+        if (!started) {
+          if (startable == 0) break;
+          --startable;
+        }
+        const std::size_t off = i == sent_local_ ? frame_off_ : 0;
+        const std::size_t len = sizeof(slot_header) + send_.header(i)->bytes - off;
+        iov[n++] = {send_.slot(i) + off, len};
+        total += len;
+      }
+      if (n == 0) {
+        if (closing_ && closing_sent_ && sent_local_ == posted_limit_) finish_tx();
+        break;
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<std::size_t>(n);
+      const ssize_t k = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k < 0) {
+        const int e = errno;
+        if (e == EINTR) continue;
+        if (e == EAGAIN || e == EWOULDBLOCK) {
+          want_writable_ = true;
+          break;
+        }
+        news |= pump_rx();  // a closing frame may be waiting behind the reset
+        on_stream_error(e);
+        return true;
+      }
+      news |= consume_written(static_cast<std::size_t>(k));
+      if (static_cast<std::size_t>(k) < total) want_writable_ = true;
+    }
+    return news;
+  }
+
+  void on_writable() noexcept { want_writable_ = false; }
+
+  // Anything pump_tx() could do right now (the sleep check; seq_cst pairs with post/release).
+  bool tx_ready() const noexcept {
+    if (tx_done_ || want_writable_) return false;
+    if (ctl_off_ < ctl_len_ || frame_off_ > 0) return true;
+    if (closing_)
+      return !closing_sent_ || (sent_local_ < posted_limit_ && credits_ > 0) || sent_local_ == posted_limit_;
+    if (released_.load(std::memory_order_seq_cst) != credited_) return true;
+    return credits_ > 0 && posted_.load(std::memory_order_seq_cst) != sent_local_;
+  }
+
+  short poll_events() const noexcept {
+    short ev = 0;
+    if (!rx_done_) ev |= POLLIN;
+    if (!tx_done_ && want_writable_) ev |= POLLOUT;
+    return ev;
+  }
+
+  // After begin_close(): everything this rank posted left and was acknowledged by the
+  // peer's kernel (so closing the socket cannot reset it away), or the peer no longer
+  // reads (it closed too, or the link failed), so nothing more is worth waiting for.
+  bool settled() const noexcept {
+    if (state() != link_state::ok) return true;
+    if (!tx_done_) return false;
+    int unacked = 0;
+    if (::ioctl(fd_.get(), SIOCOUTQ, &unacked) != 0) return true;
+    return unacked == 0;
+  }
+
+  // Stops everything at once (destruction): no more reads or writes.
+  void shut_down() noexcept {
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    rx_done_ = tx_done_ = true;
+  }
+
+ private:
+  // Records the link's failure; the first loss or protocol error wins.
+  void fail(errc code, std::string why) {
+    {
+      std::lock_guard lock(mutex_);
+      if (state_.load(std::memory_order_relaxed) == link_state::broken ||
+          state_.load(std::memory_order_relaxed) == link_state::lost)
+        return;
+      code_ = code;
+      why_ = std::move(why);
+    }
+    state_.store(code == errc::protocol ? link_state::broken : link_state::lost, std::memory_order_release);
+  }
+
+  friend class frame_reader;
+  static constexpr int max_iov = 64;
+
+  std::string who() const { return "rank " + std::to_string(peer_); }
+
+  void garbage(const std::string& what) {
+    fail(errc::protocol, "garbage from " + who() + ": " + what +
+                             "; the stream to that rank is corrupt (mixed plait versions, or something "
+                             "else writing to this job's sockets?)");
+    rx_done_ = tx_done_ = true;
+    ::shutdown(fd_.get(), SHUT_RDWR);
+  }
+
+  void on_end_of_stream() {
+    rx_done_ = true;
+    const link_state s = state_.load(std::memory_order_relaxed);
+    if (s == link_state::closed) {
+      const std::uint64_t left = remaining_.load(std::memory_order_relaxed);
+      if (left > 0 || reader_.mid_frame())
+        fail(errc::peer_lost, who() + " closed its connection before delivering its last " + std::to_string(left) +
+                                  " slot(s) (its process exited or was killed while closing)");
+      return;
+    }
+    if (s == link_state::ok)
+      fail(errc::peer_lost, who() +
+                                " closed its connection (process exited or was killed); see that rank's "
+                                "own output for why");
+  }
+
+  void on_stream_error(int e) {
+    rx_done_ = tx_done_ = true;
+    const link_state s = state_.load(std::memory_order_relaxed);
+    if (s != link_state::ok && !(s == link_state::closed && remaining_.load(std::memory_order_relaxed) > 0)) return;
+    const bool reset = e == ECONNRESET || e == EPIPE || e == ENOTCONN || e == ETIMEDOUT;
+    fail(errc::peer_lost,
+         who() + (reset ? " reset its connection (process exited or was killed): " : " connection failed: ") +
+             plait::detail::errno_text(e));
+  }
+
+  // ---- frame_reader callbacks ----
+
+  std::byte* on_slot_header(const slot_header& h) {
+    if (auto why = check_data_header(h, slot_bytes_); !why.empty()) return garbage(why), nullptr;
+    if (state_.load(std::memory_order_relaxed) == link_state::closed && remaining_.load(std::memory_order_relaxed) == 0)
+      return garbage("a slot after its closing frame announced no more"), nullptr;
+    if (arrived_local_ - released_.load(std::memory_order_acquire) >= depth_)
+      return garbage("more slots than this rank granted credits for (depth " + std::to_string(depth_) + ")"), nullptr;
+    std::memcpy(recv_.header(arrived_local_), &h, sizeof h);
+    return recv_.payload(arrived_local_);
+  }
+
+  void on_slot_complete() {
+    ++arrived_local_;
+    arrived_.store(arrived_local_, std::memory_order_release);
+    if (state_.load(std::memory_order_relaxed) == link_state::closed)
+      remaining_.store(remaining_.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+  }
+
+  void on_garbage(const std::string& what) { garbage(what); }
+
+  bool on_control(const control_frame& c) {
+    if (c.version != tcp_wire_version)
+      return garbage("control frame version " + std::to_string(c.version) + ", this build speaks " +
+                     std::to_string(tcp_wire_version)),
+             false;
+    switch (c.type) {
+      case control_type::credit:
+        if (c.value == 0 || c.value > spent_credits_)
+          return garbage("a credit of " + std::to_string(c.value) + " slots when only " +
+                         std::to_string(spent_credits_) + " were outstanding"),
+                 false;
+        spent_credits_ -= c.value;
+        credits_ += c.value;
+        return true;
+      case control_type::closing: {
+        if (state_.load(std::memory_order_relaxed) != link_state::ok) return garbage("a second closing frame"), false;
+        if (c.value > depth_)
+          return garbage("a closing frame announcing " + std::to_string(c.value) + " more slots (depth is " +
+                         std::to_string(depth_) + ")"),
+                 false;
+        std::lock_guard lock(mutex_);
+        code_ = errc::peer_lost;
+        why_ = who() +
+               " closed its connection (it finished and destroyed its communicator, or it aborted or "
+               "failed: see its own output) while this rank still needs it";
+        remaining_.store(c.value, std::memory_order_release);
+        state_.store(link_state::closed, std::memory_order_release);
+        return true;
+      }
+    }
+    return garbage("a control frame of unknown type " + std::to_string(static_cast<unsigned>(c.type))), false;
+  }
+
+  void append_control(control_type type, std::uint64_t value) {
+    control_frame c;
+    c.type = type;
+    c.value = value;
+    std::memcpy(ctl_ + ctl_len_, &c, sizeof c);
+    ctl_len_ += sizeof c;
+  }
+
+  // Control frames go only between data frames, never inside one.
+  void stage_control() {
+    if (frame_off_ > 0 || ctl_off_ < ctl_len_) return;
+    ctl_off_ = ctl_len_ = 0;
+    if (closing_) {
+      if (!closing_sent_) {
+        posted_limit_ = posted_.load(std::memory_order_acquire);
+        append_control(control_type::closing, posted_limit_ - sent_local_);
+        closing_sent_ = true;
+      }
+      return;  // no credits after closing: this rank reads no more slots
+    }
+    const std::uint64_t released = released_.load(std::memory_order_acquire);
+    if (released != credited_) {
+      append_control(control_type::credit, released - credited_);
+      credited_ = released;
+    }
+  }
+
+  bool consume_written(std::size_t k) {
+    const std::size_t c = std::min(k, ctl_len_ - ctl_off_);
+    ctl_off_ += c;
+    k -= c;
+    const std::uint64_t before = sent_local_;
+    while (k > 0) {
+      if (frame_off_ == 0) {  // this frame starts now: it spends a credit
+        --credits_;
+        ++spent_credits_;
+      }
+      const std::size_t len = sizeof(slot_header) + send_.header(sent_local_)->bytes;
+      const std::size_t d = std::min(k, len - frame_off_);
+      frame_off_ += d;
+      k -= d;
+      if (frame_off_ == len) {
+        frame_off_ = 0;
+        ++sent_local_;
+      }
+    }
+    if (sent_local_ == before) return false;
+    sent_.store(sent_local_, std::memory_order_release);
+    return true;
+  }
+
+  void finish_tx() {
+    tx_done_ = true;
+    ::shutdown(fd_.get(), SHUT_WR);
+  }
+
+  const int rank_;
+  const int peer_;
+  plait::detail::fd_handle fd_;
+  const std::size_t slot_bytes_;
+  const std::size_t depth_;
+  slot_ring send_;
+  slot_ring recv_;
+
+  // Shared counters, one writer each.
+  alignas(64) std::atomic<std::uint64_t> posted_{0};  // executor
+  std::atomic<std::uint64_t> released_{0};            // executor
+  alignas(64) std::atomic<std::uint64_t> sent_{0};    // progress
+  std::atomic<std::uint64_t> arrived_{0};             // progress
+  std::atomic<std::uint64_t> remaining_{0};           // progress: frames a closed peer still sends
+  std::atomic<link_state> state_{link_state::ok};     // progress
+
+  // Failure, written once per state change under the mutex, read by health().
+  mutable std::mutex mutex_;
+  errc code_ = errc::peer_lost;
+  std::string why_;
+
+  // Executor only.
+  alignas(64) std::uint64_t posted_local_ = 0;
+  std::uint64_t released_local_ = 0;
+  bool send_after_failure_ = false;
+
+  // Progress thread only: receive side.
+  alignas(64) std::uint64_t arrived_local_ = 0;
+  frame_reader reader_;
+  bool rx_done_ = false;
+
+  // Progress thread only: send side.
+  std::uint64_t sent_local_ = 0;
+  std::size_t frame_off_ = 0;        // bytes of frame sent_local_ already written
+  std::uint64_t credits_;            // frames that may start now
+  std::uint64_t spent_credits_ = 0;  // frames started and not yet credited back
+  std::uint64_t credited_ = 0;       // releases already returned as credits
+  std::byte ctl_[2 * sizeof(control_frame)];
+  std::size_t ctl_len_ = 0, ctl_off_ = 0;
+  bool want_writable_ = false;
+  bool closing_ = false, closing_sent_ = false;
+  std::uint64_t posted_limit_ = 0;
+  bool tx_done_ = false;
+};
+
+}  // namespace plait::transport::tcp_detail

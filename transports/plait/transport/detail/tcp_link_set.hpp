@@ -1,0 +1,229 @@
+// tcp_link_set: the TCP transport's link_set over already connected sockets.
+//
+// One progress thread per link set moves bytes: it poll()s every peer socket plus an
+// eventfd, reads arriving frames straight into receive slots, writes posted slots and
+// credit frames, and rings the doorbell whenever the executor has news (a slot
+// arrived, a send slot freed, a link failed). The executor-side calls never block and
+// never allocate: they only touch the link's slot memory and its counters, and wake the
+// progress thread through the eventfd only when it sleeps.
+// The doorbell must outlive the link set. Its word is looked up at every ring, so a
+// transport that binds the word into shared memory (shm in a hybrid) must do so before
+// this link set is created, as a hybrid does by connecting shm first.
+// close() (thread-safe, returns at once) sends each peer a closing frame announcing the
+// slots already posted, which still follow as credits allow; destruction waits for them
+// (at most min(connect_timeout, 5 s)), then stops the thread and closes the sockets.
+// The sockets may be any connected stream sockets (the tests use socketpairs).
+#pragma once
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <plait/detail/doorbell.hpp>
+#include <plait/detail/socket.hpp>
+#include <plait/error.hpp>
+#include <plait/transport.hpp>
+#include <plait/transport/detail/tcp_link.hpp>
+
+namespace plait::transport::tcp_detail {
+
+class tcp_link_set final : public link_set {
+ public:
+  tcp_link_set(int rank, int size, plait::detail::doorbell& bell, const link_config& cfg,
+               std::vector<std::pair<int, plait::detail::fd_handle>> sockets)
+      : rank_(rank),
+        slot_bytes_(cfg.slot_bytes),
+        bell_(&bell),
+        index_(static_cast<std::size_t>(size), -1),
+        linger_(cfg.connect_timeout > std::chrono::nanoseconds::zero()
+                    ? std::min<std::chrono::nanoseconds>(cfg.connect_timeout, std::chrono::seconds(5))
+                    : std::chrono::nanoseconds(std::chrono::seconds(5))) {
+    for (auto& [peer, fd] : sockets) {
+      if (peer < 0 || peer >= size || peer == rank || index_[static_cast<std::size_t>(peer)] >= 0)
+        throw error(errc::invalid_argument, "tcp link set: bad or repeated peer " + std::to_string(peer), rank);
+      index_[static_cast<std::size_t>(peer)] = static_cast<int>(links_.size());
+      links_.push_back(std::make_unique<tcp_link>(rank, peer, std::move(fd), cfg.slot_bytes, cfg.depth));
+    }
+    wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake_fd_) throw error(errc::system, "eventfd failed: " + plait::detail::errno_text(errno), rank);
+    pollfds_.resize(links_.size() + 1);
+    if (links_.empty()) return;  // nothing to move (a hybrid whose peers are all local)
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~tcp_link_set() override {
+    if (!thread_.joinable()) return;
+    close();
+    const auto until = clock::now() + linger_;
+    while (!settled_.load(std::memory_order_acquire) && clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    stop_.store(true, std::memory_order_seq_cst);
+    kick();
+    thread_.join();
+  }
+
+  tcp_link_set(const tcp_link_set&) = delete;
+  tcp_link_set& operator=(const tcp_link_set&) = delete;
+
+  bool reaches(int peer) const override {
+    return peer >= 0 && static_cast<std::size_t>(peer) < index_.size() && index_[static_cast<std::size_t>(peer)] >= 0;
+  }
+  std::size_t slot_bytes() const override { return slot_bytes_; }
+
+  std::byte* acquire(int peer) override {
+    if (close_requested_.load(std::memory_order_relaxed)) return nullptr;
+    return link(peer).acquire();
+  }
+
+  void post(int peer, const plait::detail::slot_header& header) override {
+    link(peer).post(header);
+    wake();
+  }
+
+  slot_view peek(int peer) override { return link(peer).peek(); }
+
+  void release(int peer) override {
+    link(peer).release();
+    wake();
+  }
+
+  void health(int peer) override {
+    tcp_link& l = link(peer);
+    if (failed_.load(std::memory_order_acquire)) {
+      std::lock_guard lock(failure_mutex_);
+      throw error(errc::system, failure_, rank_, peer);
+    }
+    if (close_requested_.load(std::memory_order_acquire))
+      throw error(errc::aborted,
+                  "this rank closed its TCP links (close() was called: the communicator aborted, "
+                  "failed or is being destroyed)",
+                  rank_, peer);
+    l.health();
+  }
+
+  void close() noexcept override {
+    if (close_requested_.exchange(true, std::memory_order_seq_cst)) return;
+    kick();
+  }
+
+ private:
+  tcp_link& link(int peer) const {
+    if (!reaches(peer))
+      throw error(errc::invalid_argument, "rank " + std::to_string(peer) + " is not reached by this TCP link set",
+                  rank_, peer);
+    return *links_[static_cast<std::size_t>(index_[static_cast<std::size_t>(peer)])];
+  }
+
+  void kick() noexcept {
+    const std::uint64_t one = 1;
+    if (::write(wake_fd_.get(), &one, sizeof one) < 0) {
+      // EAGAIN: the counter is saturated, so the thread is being woken anyway.
+    }
+  }
+
+  // The Dekker pair with run(): the counter store (seq_cst) before this load, and the
+  // thread's sleeping_ store before its counter loads, so one of them sees the other.
+  void wake() noexcept {
+    if (sleeping_.load(std::memory_order_seq_cst)) kick();
+  }
+
+  void run() noexcept {
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      fail_all(std::string("the TCP progress thread failed: ") + e.what());
+    } catch (...) {
+      fail_all("the TCP progress thread failed with an unknown exception");
+    }
+    for (auto& l : links_) l->shut_down();
+    settled_.store(true, std::memory_order_release);  // nothing more can leave: stop lingering
+  }
+
+  void fail_all(std::string why) noexcept {
+    try {
+      std::lock_guard lock(failure_mutex_);
+      failure_ = std::move(why);
+    } catch (...) {
+    }
+    failed_.store(true, std::memory_order_release);
+    bell_->ring();
+  }
+
+  void loop() {
+    bool closing = false;
+    while (!stop_.load(std::memory_order_acquire)) {
+      if (!closing && close_requested_.load(std::memory_order_acquire)) {
+        closing = true;
+        for (auto& l : links_) l->begin_close();
+      }
+      bool news = false;
+      for (std::size_t i = 0; i < links_.size(); ++i) {
+        tcp_link& l = *links_[i];
+        const short re = pollfds_[i + 1].revents;
+        pollfds_[i + 1].revents = 0;
+        if (re & (POLLOUT | POLLERR | POLLHUP)) l.on_writable();
+        if (re & (POLLIN | POLLERR | POLLHUP)) news |= l.pump_rx();
+        news |= l.pump_tx();
+      }
+      if (news) bell_->ring();
+      if (closing && !settled_.load(std::memory_order_relaxed)) {
+        bool all = true;
+        for (auto& l : links_) all = all && l->settled();
+        if (all) settled_.store(true, std::memory_order_release);
+      }
+
+      sleeping_.store(true, std::memory_order_seq_cst);
+      bool work =
+          stop_.load(std::memory_order_seq_cst) || (!closing && close_requested_.load(std::memory_order_seq_cst));
+      for (auto& l : links_) work = work || l->tx_ready();
+      if (!work) {
+        pollfds_[0] = {wake_fd_.get(), POLLIN, 0};
+        for (std::size_t i = 0; i < links_.size(); ++i) {
+          const short ev = links_[i]->poll_events();
+          pollfds_[i + 1] = {ev != 0 ? links_[i]->fd() : -1, ev, 0};
+        }
+        // While closing, acknowledgements arrive without an event: look again soon.
+        const int timeout_ms = closing && !settled_.load(std::memory_order_relaxed) ? 1 : 100;
+        if (::poll(pollfds_.data(), pollfds_.size(), timeout_ms) < 0 && errno != EINTR)
+          throw error(errc::system, "poll failed: " + plait::detail::errno_text(errno), rank_);
+        if (pollfds_[0].revents & POLLIN) {
+          std::uint64_t count;
+          if (::read(wake_fd_.get(), &count, sizeof count) < 0) {
+            // EAGAIN: another read already drained it
+          }
+        }
+      }
+      sleeping_.store(false, std::memory_order_seq_cst);
+    }
+  }
+
+  const int rank_;
+  const std::size_t slot_bytes_;
+  plait::detail::doorbell* bell_;
+  std::vector<int> index_;  // peer rank -> position in links_, or -1
+  std::vector<std::unique_ptr<tcp_link>> links_;
+  const std::chrono::nanoseconds linger_;
+
+  plait::detail::fd_handle wake_fd_;
+  std::vector<pollfd> pollfds_;  // progress thread only; [0] is the eventfd
+  std::atomic<bool> sleeping_{false};
+  std::atomic<bool> close_requested_{false};
+  std::atomic<bool> settled_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  std::mutex failure_mutex_;
+  std::string failure_;
+  std::thread thread_;
+};
+
+}  // namespace plait::transport::tcp_detail
