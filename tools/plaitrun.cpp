@@ -101,8 +101,8 @@ std::optional<std::string> find_program(const std::string& prog) {
 
 // One rank's output stream: bytes are cut into lines and printed with the rank prefix.
 struct stream {
-  int fd = -1;   // read end of the pipe; -1 once closed
-  int out = 1;   // where its lines go
+  int fd = -1;  // read end of the pipe; -1 once closed
+  int out = 1;  // where its lines go
   std::string prefix;
   std::string pending;
 
@@ -160,7 +160,8 @@ int main(int argc, char** argv) {
           grace = plait::detail::parse_seconds("--grace", v);
           continue;
         }
-        bool digits = !v.empty() && v.size() <= 6 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+        bool digits =
+            !v.empty() && v.size() <= 6 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
         n = digits ? std::stoi(v) : 0;
         if (n < 1) usage_error("-n needs a rank count of at least 1, got '" + v + "'");
         continue;
@@ -212,8 +213,8 @@ int main(int argc, char** argv) {
   args.push_back(path->data());
   for (int k = i + 1; k < argc; ++k) args.push_back(argv[k]);
   args.push_back(nullptr);
-  const char* overridden[] = {"PLAIT_RANK=", "PLAIT_WORLD_SIZE=", "PLAIT_LOCAL_RANK=", "PLAIT_STORE=",
-                              "PLAIT_STORE_SERVED=", "PLAIT_TOKEN=", "PLAIT_TOKEN_FILE="};
+  const char* overridden[] = {"PLAIT_RANK=",         "PLAIT_WORLD_SIZE=", "PLAIT_LOCAL_RANK=", "PLAIT_STORE=",
+                              "PLAIT_STORE_SERVED=", "PLAIT_TOKEN=",      "PLAIT_TOKEN_FILE="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
     bool skip = false;
@@ -316,7 +317,8 @@ int main(int argc, char** argv) {
         polled.push_back(&s);
       }
     int timeout = 1000;
-    for (auto& t : {term_at, kill_at, reaped_all_at ? std::optional(*reaped_all_at + std::chrono::seconds(1)) : std::nullopt})
+    for (auto& t :
+         {term_at, kill_at, reaped_all_at ? std::optional(*reaped_all_at + std::chrono::seconds(1)) : std::nullopt})
       if (t) timeout = std::min(timeout, plait::detail::poll_timeout_ms(*t));
     if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) {
       std::perror("plaitrun: poll");
@@ -342,7 +344,10 @@ int main(int argc, char** argv) {
         int sig = static_cast<int>(info.ssi_signo);
         if (sig == SIGCHLD) continue;  // reaped below
         if (!interrupted_by) interrupted_by = sig;
-        signal_all(sig == SIGHUP ? SIGTERM : sig);
+        int forward = sig == SIGHUP ? SIGTERM : sig;
+        std::fprintf(stderr, "plaitrun: got %s, sending %s to every rank\n", signal_name(sig).c_str(),
+                     signal_name(forward).c_str());
+        signal_all(forward);
       }
     }
     for (;;) {
@@ -360,6 +365,10 @@ int main(int argc, char** argv) {
           if (running > 0) term_at = clk::now() + grace_period;
         }
       }
+    }
+    if (running == 0) {  // nobody left to stop
+      term_at.reset();
+      kill_at.reset();
     }
   }
 

@@ -98,12 +98,16 @@ class executor {
 
   // Tells every peer this rank failed call `d` (best effort, bounded): an error-notice
   // slot in each peer's FIFO, which they see at the head and turn into `mismatch`.
-  void send_notice(const call_desc& d, clock::time_point deadline) noexcept {
+  // `culprit` is the rank the failure is blamed on (this rank for its own misuse;
+  // the peer whose slot did not match for a mismatch), `code` what it was.
+  void send_notice(const call_desc& d, clock::time_point deadline, int culprit, errc code) noexcept {
     if (links_ == nullptr) return;
     slot_header h;
     h.flags = slot_error_notice;
     h.sender = rank_;
     h.desc = d;
+    h.offset = static_cast<std::uint64_t>(code);
+    h.reserved = static_cast<std::uint64_t>(culprit + 1);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || !links_->reaches(p)) continue;
       try {
@@ -179,13 +183,22 @@ class executor {
                   "malformed slot header from rank " + std::to_string(peer) +
                       " (bad magic, version or sender); is something else writing to this job's links?",
                   rank_, peer, c.desc.sequence);
-    if (h.flags & slot_error_notice)
+    if (h.flags & slot_error_notice) {
+      const int culprit = h.reserved > 0 && h.reserved <= static_cast<std::uint64_t>(size_)
+                              ? static_cast<int>(h.reserved - 1)
+                              : peer;
+      const auto code = static_cast<errc>(h.offset);
+      std::string what = code == errc::invalid_argument && culprit == peer
+                             ? "rank " + std::to_string(peer) + " failed its " + to_string(h.desc.kind) + " #" +
+                                   std::to_string(h.desc.sequence) + " with invalid_argument before moving data"
+                             : "rank " + std::to_string(peer) + " stopped in its " + to_string(h.desc.kind) + " #" +
+                                   std::to_string(h.desc.sequence) + " with " + std::string(to_string(code)) +
+                                   " caused by rank " + std::to_string(culprit);
       throw error(errc::mismatch,
-                  "rank " + std::to_string(peer) + " failed its " + to_string(h.desc.kind) + " #" +
-                      std::to_string(h.desc.sequence) +
-                      " with invalid_argument before moving data (see its error); this communicator is now "
-                      "broken on every rank: fix the call and recreate it",
-                  rank_, peer, c.desc.sequence);
+                  what + " (see its error); this communicator is now broken on every rank: fix the call and "
+                         "recreate it",
+                  rank_, culprit, c.desc.sequence);
+    }
     if (!(h.desc == c.desc))
       throw error(errc::mismatch,
                   "this rank called " + std::string(to_string(c.desc.kind)) + " but rank " + std::to_string(peer) +
@@ -200,21 +213,25 @@ class executor {
   }
 
   // Peers this call waits on now: their failures matter; a peer that finished and
-  // left does not, unless this rank still needs it.
+  // left does not, unless this rank still needs it. Notices are looked for first:
+  // a peer that failed and then left is reported for its failure, not its leaving.
   void check_peers(const call& c) {
     if (c.next >= c.steps.size()) return;
     const step& s = c.steps[c.next];
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !links_->reaches(p)) continue;
+      slot_view v;
+      try {
+        v = links_->peek(p);
+      } catch (const error&) {
+        continue;  // a broken link is reported below if this call waits on it
+      }
+      if (v.header != nullptr && (v.header->flags & slot_error_notice)) check_slot(c, s, p, *v.header, 0);
+    }
     for (int p : s.recv_peer)
       if (p >= 0) links_->health(p);
     for (int p : s.send_peer)
       if (p >= 0) links_->health(p);
-    // An error notice at the head of any link means the job's call failed elsewhere.
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_ || !links_->reaches(p)) continue;
-      slot_view v = links_->peek(p);
-      if (v.header != nullptr && (v.header->flags & slot_error_notice))
-        check_slot(c, s, p, *v.header, 0);
-    }
   }
 
   error timed_out(const call& c) const {

@@ -20,13 +20,35 @@ namespace plait::testing {
 // Every variable the launch, token and knob code reads. A scoped_env unsets all of
 // them on construction and restores their values on destruction.
 inline const std::vector<std::string>& bootstrap_variables() {
-  static const std::vector<std::string> names = {
-      "PLAIT_RANK", "PLAIT_WORLD_SIZE", "PLAIT_LOCAL_RANK", "PLAIT_STORE", "PLAIT_STORE_SERVED",
-      "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-      "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-      "PLAIT_TOKEN", "PLAIT_TOKEN_FILE", "XDG_CONFIG_HOME", "PLAIT_HOST_ID", "PLAIT_ADDR", "PLAIT_IFNAME",
-      "PLAIT_TIMEOUT", "PLAIT_SLICE_BYTES", "PLAIT_DEBUG", "PLAIT_GRACE"};
+  static const std::vector<std::string> names = {"PLAIT_RANK",
+                                                 "PLAIT_WORLD_SIZE",
+                                                 "PLAIT_LOCAL_RANK",
+                                                 "PLAIT_STORE",
+                                                 "PLAIT_STORE_SERVED",
+                                                 "RANK",
+                                                 "WORLD_SIZE",
+                                                 "LOCAL_RANK",
+                                                 "MASTER_ADDR",
+                                                 "MASTER_PORT",
+                                                 "OMPI_COMM_WORLD_RANK",
+                                                 "OMPI_COMM_WORLD_SIZE",
+                                                 "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                 "PMI_RANK",
+                                                 "PMI_SIZE",
+                                                 "MPI_LOCALRANKID",
+                                                 "SLURM_PROCID",
+                                                 "SLURM_NTASKS",
+                                                 "SLURM_LOCALID",
+                                                 "PLAIT_TOKEN",
+                                                 "PLAIT_TOKEN_FILE",
+                                                 "XDG_CONFIG_HOME",
+                                                 "PLAIT_HOST_ID",
+                                                 "PLAIT_ADDR",
+                                                 "PLAIT_IFNAME",
+                                                 "PLAIT_TIMEOUT",
+                                                 "PLAIT_SLICE_BYTES",
+                                                 "PLAIT_DEBUG",
+                                                 "PLAIT_GRACE"};
   return names;
 }
 

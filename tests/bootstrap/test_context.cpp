@@ -25,7 +25,9 @@ std::vector<std::byte> bytes(const std::string& s) {
   auto* p = reinterpret_cast<const std::byte*>(s.data());
   return std::vector<std::byte>(p, p + s.size());
 }
-std::string text(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+std::string text(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
 
 std::unique_ptr<store_context> context_for(std::uint16_t port, int rank, int size, const std::string& scope) {
   launch_info info;
@@ -77,7 +79,8 @@ TEST_CASE("contexts exchange keys within their scope and pass barriers", "[conte
     auto key = got.substr(bar + 1);
     if (r == 0) first_key = key;
     CHECK(key == first_key);  // equal on every rank
-    CHECK(key.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") == std::string::npos);
+    CHECK(key.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
+          std::string::npos);
   }
   CHECK(first_key.find(server.instance_id().substr(0, 16)) != std::string::npos);
 }
@@ -136,33 +139,36 @@ TEST_CASE("join_world by hand: rank 0 serves the store, every rank connects", "[
   constexpr int n = 3;
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r)
-    pids.push_back(plait::testing::fork_child([&, r] {
-      plait::testing::scoped_env env;
-      env.set("PLAIT_RANK", std::to_string(r));
-      env.set("PLAIT_WORLD_SIZE", std::to_string(n));
-      env.set("PLAIT_STORE", "127.0.0.1:" + std::to_string(port));
-      env.set("PLAIT_TOKEN", "by-hand-token-0123456789");
-      env.set("PLAIT_HOST_ID", "node" + std::to_string(r % 2));
-      auto w = join_world(clk::now() + 10s);
-      if ((w.server != nullptr) != (r == 0)) return 20;
-      auto ctx = make_context(w, "j/");
-      if (ctx->rank() != r || ctx->size() != n || ctx->host_id() != "node" + std::to_string(r % 2)) return 21;
-      if (ctx->listen_address() != "127.0.0.1") return 22;
-      ctx->put("hello/" + std::to_string(r), bytes("r" + std::to_string(r)));
-      for (int q = 0; q < n; ++q)
-        if (text(ctx->get("hello/" + std::to_string(q), clk::now() + 10s)) != "r" + std::to_string(q)) return 23;
-      ctx->barrier("end", clk::now() + 10s);
-      std::ofstream(dir.path() / ("key" + std::to_string(r))) << ctx->job_key();
-      // No closing handshake: rank 0 leaves at once, and its exit waits for the
-      // others to finish with the store (they may still be reading the barrier's reply).
-      return 0;
-    }, /*run_exit_handlers=*/true));
+    pids.push_back(plait::testing::fork_child(
+        [&, r] {
+          plait::testing::scoped_env env;
+          env.set("PLAIT_RANK", std::to_string(r));
+          env.set("PLAIT_WORLD_SIZE", std::to_string(n));
+          env.set("PLAIT_STORE", "127.0.0.1:" + std::to_string(port));
+          env.set("PLAIT_TOKEN", "by-hand-token-0123456789");
+          env.set("PLAIT_HOST_ID", "node" + std::to_string(r % 2));
+          auto w = join_world(clk::now() + 10s);
+          if ((w.server != nullptr) != (r == 0)) return 20;
+          auto ctx = make_context(w, "j/");
+          if (ctx->rank() != r || ctx->size() != n || ctx->host_id() != "node" + std::to_string(r % 2)) return 21;
+          if (ctx->listen_address() != "127.0.0.1") return 22;
+          ctx->put("hello/" + std::to_string(r), bytes("r" + std::to_string(r)));
+          for (int q = 0; q < n; ++q)
+            if (text(ctx->get("hello/" + std::to_string(q), clk::now() + 10s)) != "r" + std::to_string(q)) return 23;
+          ctx->barrier("end", clk::now() + 10s);
+          std::ofstream(dir.path() / ("key" + std::to_string(r))) << ctx->job_key();
+          // No closing handshake: rank 0 leaves at once, and its exit waits for the
+          // others to finish with the store (they may still be reading the barrier's reply).
+          return 0;
+        },
+        /*run_exit_handlers=*/true));
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK(plait::testing::wait_child(pids[static_cast<std::size_t>(r)]) == 0);
   }
   std::vector<std::string> keys(n);
-  for (int r = 0; r < n; ++r) std::ifstream(dir.path() / ("key" + std::to_string(r))) >> keys[static_cast<std::size_t>(r)];
+  for (int r = 0; r < n; ++r)
+    std::ifstream(dir.path() / ("key" + std::to_string(r))) >> keys[static_cast<std::size_t>(r)];
   CHECK_FALSE(keys[0].empty());
   CHECK(keys[1] == keys[0]);
   CHECK(keys[2] == keys[0]);

@@ -113,7 +113,8 @@ class process {
       if (fd < 0 || !fds[i].revents) continue;
       char buf[4096];
       ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n > 0) (i == 0 ? out_ : err_).append(buf, static_cast<std::size_t>(n));
+      if (n > 0)
+        (i == 0 ? out_ : err_).append(buf, static_cast<std::size_t>(n));
       else if (n == 0 || errno != EINTR) {
         ::close(fd);
         fd = -1;
@@ -142,11 +143,12 @@ int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }  // namespace
 
 TEST_CASE("plaitrun tags every line with its rank", "[plaitrun]") {
-  process p({exe("PLAITRUN"), "-n", "3", "/bin/sh", "-c", "echo hi $PLAIT_RANK; echo err $PLAIT_RANK >&2; printf tail$PLAIT_RANK"});
+  process p({exe("PLAITRUN"), "-n", "3", "/bin/sh", "-c",
+             "echo hi $PLAIT_RANK; echo err $PLAIT_RANK >&2; printf tail$PLAIT_RANK"});
   int status = p.finish(clock_type::now() + 20s);
   CHECK(exit_code(status) == 0);
-  CHECK(lines(p.out()) == std::multiset<std::string>{"[0] hi 0", "[1] hi 1", "[2] hi 2", "[0] tail0", "[1] tail1",
-                                                      "[2] tail2"});
+  CHECK(lines(p.out()) ==
+        std::multiset<std::string>{"[0] hi 0", "[1] hi 1", "[2] hi 2", "[0] tail0", "[1] tail1", "[2] tail2"});
   CHECK(lines(p.err()) == std::multiset<std::string>{"[0] err 0", "[1] err 1", "[2] err 2"});
 }
 
@@ -206,9 +208,11 @@ TEST_CASE("plaitrun forwards SIGTERM to every rank", "[plaitrun]") {
   process p({exe("PLAITRUN"), "-n", "2", "/bin/sh", "-c",
              "trap 'echo got TERM $PLAIT_RANK; exit 7' TERM; echo ready $PLAIT_RANK; "
              "while :; do sleep 0.05; done"});
-  REQUIRE(p.read_until([](const std::string& out) {
-    return out.find("[0] ready 0") != std::string::npos && out.find("[1] ready 1") != std::string::npos;
-  }, clock_type::now() + 15s));
+  REQUIRE(p.read_until(
+      [](const std::string& out) {
+        return out.find("[0] ready 0") != std::string::npos && out.find("[1] ready 1") != std::string::npos;
+      },
+      clock_type::now() + 15s));
   auto start = clock_type::now();
   ::kill(p.pid(), SIGTERM);
   int status = p.finish(clock_type::now() + 20s);
@@ -219,9 +223,13 @@ TEST_CASE("plaitrun forwards SIGTERM to every rank", "[plaitrun]") {
 }
 
 TEST_CASE("plaitrun usage errors exit 2 with a message; --help documents it", "[plaitrun]") {
-  const std::vector<std::vector<std::string>> bad = {
-      {}, {"-n"}, {"-n", "0", "/bin/true"}, {"-n", "x", "/bin/true"}, {"-n", "2"},
-      {"--bogus", "-n", "2", "/bin/true"}, {"-n", "2", "--grace", "soon", "/bin/true"}};
+  const std::vector<std::vector<std::string>> bad = {{},
+                                                     {"-n"},
+                                                     {"-n", "0", "/bin/true"},
+                                                     {"-n", "x", "/bin/true"},
+                                                     {"-n", "2"},
+                                                     {"--bogus", "-n", "2", "/bin/true"},
+                                                     {"-n", "2", "--grace", "soon", "/bin/true"}};
   for (const auto& args : bad) {
     std::vector<std::string> argv = {exe("PLAITRUN")};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -263,10 +271,11 @@ TEST_CASE("ranks launched by hand: rank 0 serves the store and outlives its clie
   probe.reset();
   std::vector<std::unique_ptr<process>> ranks;
   for (int r = 0; r < 3; ++r)
-    ranks.push_back(std::make_unique<process>(
-        std::vector<std::string>{exe("RANK_PROG")},
-        std::vector<std::string>{"PLAIT_RANK=" + std::to_string(r), "PLAIT_WORLD_SIZE=3",
-                                 "PLAIT_STORE=127.0.0.1:" + std::to_string(port), "PLAIT_TOKEN=by-hand-0123456789abc"}));
+    ranks.push_back(
+        std::make_unique<process>(std::vector<std::string>{exe("RANK_PROG")},
+                                  std::vector<std::string>{"PLAIT_RANK=" + std::to_string(r), "PLAIT_WORLD_SIZE=3",
+                                                           "PLAIT_STORE=127.0.0.1:" + std::to_string(port),
+                                                           "PLAIT_TOKEN=by-hand-0123456789abc"}));
   for (int r = 0; r < 3; ++r) {
     auto& p = *ranks[static_cast<std::size_t>(r)];
     int status = p.finish(clock_type::now() + 60s);

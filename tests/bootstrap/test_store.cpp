@@ -31,7 +31,9 @@ std::vector<std::byte> bytes(const std::string& s) {
   auto* p = reinterpret_cast<const std::byte*>(s.data());
   return std::vector<std::byte>(p, p + s.size());
 }
-std::string text(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+std::string text(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
 
 clk::time_point in(std::chrono::milliseconds ms) { return clk::now() + ms; }
 

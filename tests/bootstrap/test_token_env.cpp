@@ -21,7 +21,9 @@ using plait::testing::temp_dir;
 
 namespace {
 
-std::string text(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+std::string text(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
 
 template <class F>
 plait::error caught(F&& fn) {
@@ -35,14 +37,12 @@ plait::error caught(F&& fn) {
 }
 
 mode_t mode_of(const std::filesystem::path& p) {
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat(p.c_str(), &st) == 0);
   return st.st_mode & 07777;
 }
 
-bool is_hex(const std::string& s) {
-  return s.find_first_not_of("0123456789abcdef") == std::string::npos;
-}
+bool is_hex(const std::string& s) { return s.find_first_not_of("0123456789abcdef") == std::string::npos; }
 
 }  // namespace
 
@@ -155,8 +155,13 @@ TEST_CASE("env_seconds reads decimals and rejects junk", "[env]") {
   using plait::detail::env_seconds;
   scoped_env env;
   CHECK_FALSE(env_seconds("PLAIT_TIMEOUT").has_value());
-  const std::pair<const char*, std::chrono::nanoseconds> good[] = {
-      {"600", 600s}, {"2.5", 2500ms}, {".5", 500ms}, {"0", 0s}, {"1.", 1s}, {"0.000000001", 1ns}, {"3.1234567891", 3123456789ns}};
+  const std::pair<const char*, std::chrono::nanoseconds> good[] = {{"600", 600s},
+                                                                   {"2.5", 2500ms},
+                                                                   {".5", 500ms},
+                                                                   {"0", 0s},
+                                                                   {"1.", 1s},
+                                                                   {"0.000000001", 1ns},
+                                                                   {"3.1234567891", 3123456789ns}};
   for (auto [text, want] : good) {
     CAPTURE(text);
     env.set("PLAIT_TIMEOUT", text);
@@ -176,8 +181,9 @@ TEST_CASE("env_bytes reads K/M/G suffixes in powers of 1024", "[env]") {
   scoped_env env;
   CHECK_FALSE(env_bytes("PLAIT_SLICE_BYTES").has_value());
   const std::pair<const char*, std::size_t> good[] = {
-      {"65536", 65536}, {"512K", 512 * 1024}, {"1M", 1 << 20}, {"2G", std::size_t{2} << 30},
-      {"4k", 4096}, {"1KiB", 1024}, {"3MB", 3 << 20}, {"7B", 7}, {"0", 0}};
+      {"65536", 65536}, {"512K", 512 * 1024}, {"1M", 1 << 20},  {"2G", std::size_t{2} << 30},
+      {"4k", 4096},     {"1KiB", 1024},       {"3MB", 3 << 20}, {"7B", 7},
+      {"0", 0}};
   for (auto [text, want] : good) {
     CAPTURE(text);
     env.set("PLAIT_SLICE_BYTES", text);

@@ -45,8 +45,7 @@ enum class auth_role : std::uint8_t { client, server };
 
 namespace auth_detail {
 
-inline constexpr std::array<std::byte, 4> magic = {std::byte{'p'}, std::byte{'l'}, std::byte{'t'},
-                                                   std::byte{'A'}};
+inline constexpr std::array<std::byte, 4> magic = {std::byte{'p'}, std::byte{'l'}, std::byte{'t'}, std::byte{'A'}};
 inline constexpr std::uint16_t version = 1;
 inline constexpr std::size_t nonce_bytes = 32;
 inline constexpr std::size_t mac_bytes = 32;  // SHA-256
@@ -54,7 +53,9 @@ inline constexpr std::size_t hello_header_bytes = 8;
 inline constexpr std::size_t verdict_bytes = 1 + mac_bytes;
 inline constexpr std::string_view label = "plait-auth-v1";
 
-inline std::byte role_byte(auth_role r) { return std::byte{r == auth_role::client ? std::uint8_t{'c'} : std::uint8_t{'s'}}; }
+inline std::byte role_byte(auth_role r) {
+  return std::byte{r == auth_role::client ? std::uint8_t{'c'} : std::uint8_t{'s'}};
+}
 
 inline void random_bytes(std::span<std::byte> out) {
   if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(out.size())) != 1)
@@ -111,9 +112,7 @@ class auth_exchange {
   auth_exchange& operator=(const auth_exchange&) = delete;
 
   // Bytes to send now (possibly empty); report progress with consume_output().
-  std::span<const std::byte> pending_output() const {
-    return std::span<const std::byte>(out_).subspan(out_sent_);
-  }
+  std::span<const std::byte> pending_output() const { return std::span<const std::byte>(out_).subspan(out_sent_); }
   void consume_output(std::size_t n) {
     out_sent_ += n;
     if (out_sent_ == out_.size()) {
@@ -159,10 +158,11 @@ class auth_exchange {
     switch (stage_) {
       case stage::hello_header: {
         if (std::memcmp(in_.data(), magic.data(), magic.size()) != 0)
-          return fail("the peer did not start a plait handshake (bad magic); something other than a "
-                      "plait rank or store connected");
-        auto v = static_cast<std::uint16_t>(std::to_integer<unsigned>(in_[4]) |
-                                            (std::to_integer<unsigned>(in_[5]) << 8));
+          return fail(
+              "the peer did not start a plait handshake (bad magic); something other than a "
+              "plait rank or store connected");
+        auto v =
+            static_cast<std::uint16_t>(std::to_integer<unsigned>(in_[4]) | (std::to_integer<unsigned>(in_[5]) << 8));
         if (v != version)
           return fail("the peer speaks handshake version " + std::to_string(v) + ", this build speaks " +
                       std::to_string(version) + "; use the same plait version on every rank");
@@ -186,8 +186,9 @@ class auth_exchange {
         out_.push_back(std::byte{ok ? std::uint8_t{0} : std::uint8_t{1}});
         if (!ok) {
           out_.insert(out_.end(), mac_bytes, std::byte{0});
-          return fail("the connecting peer does not hold this job's token (its proof is wrong); "
-                      "every rank must use the same PLAIT_TOKEN / PLAIT_TOKEN_FILE");
+          return fail(
+              "the connecting peer does not hold this job's token (its proof is wrong); "
+              "every rank must use the same PLAIT_TOKEN / PLAIT_TOKEN_FILE");
         }
         auto p = proof(token_, auth_role::server, own_nonce_, peer_nonce_, context_);
         out_.insert(out_.end(), p.begin(), p.end());
@@ -197,13 +198,15 @@ class auth_exchange {
       case stage::verdict: {
         auto status = std::to_integer<std::uint8_t>(in_[0]);
         if (status == 1)
-          return fail("the peer rejected this rank's token; every rank must use the same "
-                      "PLAIT_TOKEN / PLAIT_TOKEN_FILE (plaitrun sets one per job)");
+          return fail(
+              "the peer rejected this rank's token; every rank must use the same "
+              "PLAIT_TOKEN / PLAIT_TOKEN_FILE (plaitrun sets one per job)");
         if (status != 0) return fail("malformed handshake verdict");
         auto want = proof(token_, auth_role::server, peer_nonce_, own_nonce_, context_);
         if (CRYPTO_memcmp(want.data(), in_.data() + 1, mac_bytes) != 0)
-          return fail("the accepting peer does not hold this job's token (its proof is wrong); "
-                      "every rank must use the same PLAIT_TOKEN / PLAIT_TOKEN_FILE");
+          return fail(
+              "the accepting peer does not hold this job's token (its proof is wrong); "
+              "every rank must use the same PLAIT_TOKEN / PLAIT_TOKEN_FILE");
         stage_ = stage::finished;
         return;
       }

@@ -106,8 +106,8 @@ inline launch_info detect_launch() {
     if (const char* l = env(f.local)) {
       info.local_rank = static_cast<int>(parse_int(f.local, l, INT_MAX));
       if (info.local_rank >= info.size)
-        throw error(errc::invalid_argument, std::string(f.local) + "=" + l + " is out of range for " + f.size +
-                                                "=" + s);
+        throw error(errc::invalid_argument,
+                    std::string(f.local) + "=" + l + " is out of range for " + f.size + "=" + s);
     }
     break;
   }
@@ -132,8 +132,9 @@ inline launch_info detect_launch() {
   } else if (const char* addr = env("MASTER_ADDR")) {
     const char* port = env("MASTER_PORT");
     if (!port)
-      throw error(errc::invalid_argument, "MASTER_ADDR is set but MASTER_PORT is not; plait's store listens on "
-                                          "MASTER_PORT+1, so set MASTER_PORT (or set PLAIT_STORE=host:port)");
+      throw error(errc::invalid_argument,
+                  "MASTER_ADDR is set but MASTER_PORT is not; plait's store listens on "
+                  "MASTER_PORT+1, so set MASTER_PORT (or set PLAIT_STORE=host:port)");
     if (*addr == '\0') throw error(errc::invalid_argument, "MASTER_ADDR is set but empty");
     info.store_host = addr;
     info.store_port = static_cast<std::uint16_t>(parse_int("MASTER_PORT", port, 65534) + 1);
@@ -185,7 +186,8 @@ inline std::string interface_address(const std::string& ifname) {
   for (ifaddrs* i = list.head; i; i = i->ifa_next) {
     if (!i->ifa_name) continue;
     if (ifname != i->ifa_name) {
-      if (names.find(" " + std::string(i->ifa_name) + " ") == std::string::npos) names += std::string(i->ifa_name) + " ";
+      if (names.find(" " + std::string(i->ifa_name) + " ") == std::string::npos)
+        names += std::string(i->ifa_name) + " ";
       continue;
     }
     seen = true;
@@ -198,8 +200,8 @@ inline std::string interface_address(const std::string& ifname) {
   }
   if (!v6.empty()) return v6;
   if (seen) throw error(errc::invalid_argument, "PLAIT_IFNAME=" + ifname + " has no usable IP address");
-  throw error(errc::invalid_argument, "PLAIT_IFNAME=" + ifname + " is not an interface of this host (it has:" +
-                                          names + "); name one of those or set PLAIT_ADDR");
+  throw error(errc::invalid_argument, "PLAIT_IFNAME=" + ifname + " is not an interface of this host (it has:" + names +
+                                          "); name one of those or set PLAIT_ADDR");
 }
 
 // True when host names an address of this machine (loopback included).
@@ -231,7 +233,8 @@ inline std::string listen_address_for(const std::string& store_host, const std::
     return a;
   }
   if (const char* ifname = std::getenv("PLAIT_IFNAME")) {
-    if (*ifname == '\0') throw error(errc::invalid_argument, "PLAIT_IFNAME is set but empty; name an interface or unset it");
+    if (*ifname == '\0')
+      throw error(errc::invalid_argument, "PLAIT_IFNAME is set but empty; name an interface or unset it");
     return interface_address(ifname);
   }
   if (store_host.empty() || detail::is_loopback_address(store_host)) return "127.0.0.1";

@@ -127,9 +127,10 @@ class store_client {
     if (r.code == store_protocol::status::ok) return;
     std::string text(reinterpret_cast<const char*>(r.value.data()), r.value.size());
     if (r.code == store_protocol::status::refused)
-      throw error(errc::invalid_argument, "the store at " + where_ + " refused key '" + std::string(key) + "': " + text);
-    throw error(errc::protocol, "the store at " + where_ + " answered an unexpected status for key '" +
-                                    std::string(key) + "'");
+      throw error(errc::invalid_argument,
+                  "the store at " + where_ + " refused key '" + std::string(key) + "': " + text);
+    throw error(errc::protocol,
+                "the store at " + where_ + " answered an unexpected status for key '" + std::string(key) + "'");
   }
 
   // Sends one request and returns its reply. Caller holds mu_.

@@ -49,11 +49,16 @@ class store_context final : public bootstrap_context {
   store_context(std::shared_ptr<store_client> client, launch_info info, std::vector<std::byte> token,
                 std::string host_id, std::string listen_address, std::string scope,
                 std::chrono::nanoseconds op_timeout = default_store_timeout())
-      : client_(std::move(client)), info_(std::move(info)), token_(std::move(token)), host_id_(std::move(host_id)),
-        listen_address_(std::move(listen_address)), scope_(std::move(scope)), op_timeout_(op_timeout) {
+      : client_(std::move(client)),
+        info_(std::move(info)),
+        token_(std::move(token)),
+        host_id_(std::move(host_id)),
+        listen_address_(std::move(listen_address)),
+        scope_(std::move(scope)),
+        op_timeout_(op_timeout) {
     if (!client_ && info_.size != 1)
-      throw error(errc::invalid_argument, "a store_context for " + std::to_string(info_.size) +
-                                              " ranks needs a store client", info_.rank);
+      throw error(errc::invalid_argument,
+                  "a store_context for " + std::to_string(info_.size) + " ranks needs a store client", info_.rank);
     if (!client_) job_key_ = "plait" + generate_token_hex().substr(0, 16) + "_" + sanitize(scope_);
   }
 
@@ -101,8 +106,7 @@ class store_context final : public bootstrap_context {
       client_->get(base + "/done", deadline);
     } catch (const error& e) {
       if (e.code() != errc::timeout) throw error(e.code(), e.message(), info_.rank);
-      throw error(errc::timeout, "barrier '" + std::string(name) + "' timed out; " + missing_ranks(base),
-                  info_.rank);
+      throw error(errc::timeout, "barrier '" + std::string(name) + "' timed out; " + missing_ranks(base), info_.rank);
     }
   }
 
@@ -221,8 +225,9 @@ inline std::shared_ptr<store_server> serve_store(const launch_info& info, const 
   try {
     server = std::make_shared<store_server>(bind, info.store_port, token);
   } catch (const error& e) {
-    throw error(e.code(), "rank 0 cannot serve the store at " + where + ": " + e.message() +
-                              " (the store address comes from PLAIT_STORE, else MASTER_ADDR:MASTER_PORT+1)",
+    throw error(e.code(),
+                "rank 0 cannot serve the store at " + where + ": " + e.message() +
+                    " (the store address comes from PLAIT_STORE, else MASTER_ADDR:MASTER_PORT+1)",
                 info.rank);
   }
   servers.emplace(where, server);

@@ -119,9 +119,14 @@ inline bool decode(std::span<const std::byte, request_header_bytes> b, request_h
   h.value_len = get_le(&b[16], 8);
   if (h.key_len == 0 || h.key_len > max_key_bytes || h.value_len > max_value_bytes) return false;
   switch (h.opcode) {
-    case op::set: return true;
-    case op::add: return h.value_len == 8;
-    case op::get: case op::del: case op::try_get: return h.value_len == 0;
+    case op::set:
+      return true;
+    case op::add:
+      return h.value_len == 8;
+    case op::get:
+    case op::del:
+    case op::try_get:
+      return h.value_len == 0;
   }
   return false;
 }

@@ -181,8 +181,10 @@ class store_server {
         if (rev == 0 || c.dead) continue;
         try {
           if (rev & (POLLIN | POLLHUP | POLLERR)) {
-            if (wants_read(c)) on_readable(c);
-            else if (rev & (POLLHUP | POLLERR)) drop(c, "");  // gone while we wrote to it
+            if (wants_read(c))
+              on_readable(c);
+            else if (rev & (POLLHUP | POLLERR))
+              drop(c, "");  // gone while we wrote to it
           }
           if (!c.dead && (rev & POLLOUT)) on_writable(c);
         } catch (const std::exception& e) {
@@ -269,8 +271,7 @@ class store_server {
         k = read_some(c, c.head.data() + c.head_have, c.head.size() - c.head_have);
         c.head_have += k;
         if (c.head_have == c.head.size()) {
-          if (!store_protocol::decode(std::span<const std::byte, store_protocol::request_header_bytes>(c.head),
-                                      c.req))
+          if (!store_protocol::decode(std::span<const std::byte, store_protocol::request_header_bytes>(c.head), c.req))
             return drop(c, "malformed or over-limit request header");
           c.head_done = true;
           c.key.assign(c.req.key_len, '\0');
@@ -368,8 +369,8 @@ class store_server {
   }
 
   void refuse(connection& c, std::uint32_t id, const std::string& why) {
-    auto text = std::make_shared<const std::vector<std::byte>>(reinterpret_cast<const std::byte*>(why.data()),
-                                                               reinterpret_cast<const std::byte*>(why.data()) + why.size());
+    auto text = std::make_shared<const std::vector<std::byte>>(
+        reinterpret_cast<const std::byte*>(why.data()), reinterpret_cast<const std::byte*>(why.data()) + why.size());
     respond(c, store_protocol::status::refused, id, std::move(text));
   }
 
@@ -434,8 +435,9 @@ class store_server {
         std::uint64_t current = 0;
         if (auto it = data_.find(c.key); it != data_.end()) {
           if (it->second->size() != 8)
-            return refuse(c, id, "key '" + c.key + "' holds " + std::to_string(it->second->size()) +
-                                     " bytes, not an 8-byte counter");
+            return refuse(
+                c, id,
+                "key '" + c.key + "' holds " + std::to_string(it->second->size()) + " bytes, not an 8-byte counter");
           current = store_protocol::get_le(it->second->data(), 8);
         }
         std::uint64_t next = current + store_protocol::get_le(c.value.data(), 8);  // wraps like int64 two's complement

@@ -81,11 +81,14 @@ inline void strip_newline(std::string& s) {
 inline std::string config_dir() {
   if (const char* x = std::getenv("XDG_CONFIG_HOME"); x && *x == '/') return std::string(x) + "/plait";
   std::string home;
-  if (const char* h = std::getenv("HOME"); h && *h) home = h;
-  else if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir) home = pw->pw_dir;
+  if (const char* h = std::getenv("HOME"); h && *h)
+    home = h;
+  else if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir)
+    home = pw->pw_dir;
   if (home.empty())
-    throw error(errc::invalid_argument, "cannot find a home directory for the per-user token file; "
-                                        "set PLAIT_TOKEN, PLAIT_TOKEN_FILE or XDG_CONFIG_HOME");
+    throw error(errc::invalid_argument,
+                "cannot find a home directory for the per-user token file; "
+                "set PLAIT_TOKEN, PLAIT_TOKEN_FILE or XDG_CONFIG_HOME");
   return home + "/.config/plait";
 }
 
@@ -103,13 +106,14 @@ inline void make_dirs(const std::string& path) {
 inline std::string read_user_key(const std::string& path) {
   detail::fd_handle fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) throw error(errc::system, "cannot open token file " + path + ": " + detail::errno_text(errno));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd.get(), &st) != 0)
     throw error(errc::system, "cannot stat token file " + path + ": " + detail::errno_text(errno));
   if (st.st_uid != ::getuid())
     throw error(errc::auth, "token file " + path + " belongs to another user; remove it or set PLAIT_TOKEN");
   if ((st.st_mode & 077) != 0)
-    throw error(errc::auth, "token file " + path + " is readable or writable by group or others; run: chmod 600 " + path);
+    throw error(errc::auth,
+                "token file " + path + " is readable or writable by group or others; run: chmod 600 " + path);
   return read_fd(fd.get(), path);
 }
 
@@ -161,7 +165,8 @@ inline std::vector<std::byte> resolve_token(const std::string& store_host) {
     if (path.empty()) throw error(errc::invalid_argument, "PLAIT_TOKEN_FILE is set but empty; name a file or unset it");
     detail::fd_handle fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd)
-      throw error(errc::invalid_argument, "PLAIT_TOKEN_FILE=" + path + " cannot be opened: " + detail::errno_text(errno));
+      throw error(errc::invalid_argument,
+                  "PLAIT_TOKEN_FILE=" + path + " cannot be opened: " + detail::errno_text(errno));
     std::string s = read_fd(fd.get(), path);
     strip_newline(s);
     if (s.size() < min_token_bytes)

@@ -89,7 +89,8 @@ class comm_core {
     }
     std::lock_guard lock(engine_mutex_);
     executor ex(rank_, size_, links_.get(), bell_, aborted_);
-    ex.send_notice(d, clock::now() + std::min<std::chrono::nanoseconds>(cfg_.timeout, std::chrono::seconds(5)));
+    ex.send_notice(d, clock::now() + std::min<std::chrono::nanoseconds>(cfg_.timeout, std::chrono::seconds(5)), rank_,
+                   errc::invalid_argument);
     mark_broken(e);
     throw e;
   }
@@ -209,7 +210,7 @@ class comm_core {
     if (links_ == nullptr) return;
     const call_desc d = active_.empty() ? call_desc{} : active_.front()->c->desc;
     if (e.code() == errc::mismatch || e.code() == errc::protocol)
-      ex.send_notice(d, clock::now() + std::chrono::milliseconds(200));
+      ex.send_notice(d, clock::now() + std::chrono::milliseconds(200), e.peer() >= 0 ? e.peer() : rank_, e.code());
     else if (e.code() != errc::timeout)
       links_->close();  // peers waiting on this rank learn at once instead of timing out
   }

@@ -79,11 +79,16 @@ inline std::optional<std::size_t> env_bytes(const char* name) {
   std::string suffix;
   for (; i < v.size(); ++i) suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(v[i])));
   unsigned shift = 0;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") shift = 10;
-  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") shift = 20;
-  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") shift = 30;
-  else throw bad_env(name, v, expected);
+  if (suffix.empty() || suffix == "B")
+    shift = 0;
+  else if (suffix == "K" || suffix == "KB" || suffix == "KIB")
+    shift = 10;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB")
+    shift = 20;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB")
+    shift = 30;
+  else
+    throw bad_env(name, v, expected);
   if (n > (std::numeric_limits<std::size_t>::max() >> shift)) throw bad_env(name, v, "a smaller byte count");
   return static_cast<std::size_t>(n << shift);
 }
@@ -92,10 +97,14 @@ enum class log_level { none, warn, info, trace };
 
 inline constexpr std::string_view to_string(log_level l) noexcept {
   switch (l) {
-    case log_level::none: return "NONE";
-    case log_level::warn: return "WARN";
-    case log_level::info: return "INFO";
-    case log_level::trace: return "TRACE";
+    case log_level::none:
+      return "NONE";
+    case log_level::warn:
+      return "WARN";
+    case log_level::info:
+      return "INFO";
+    case log_level::trace:
+      return "TRACE";
   }
   return "?";
 }
@@ -144,8 +153,10 @@ void log(log_level level, const Args&... args) noexcept {
     std::ostringstream line;
     int rank = log_rank_slot().load(std::memory_order_relaxed);
     line << "plait[";
-    if (rank >= 0) line << rank;
-    else line << '-';
+    if (rank >= 0)
+      line << rank;
+    else
+      line << '-';
     line << "] " << to_string(level) << ": ";
     (line << ... << args);
     line << '\n';

@@ -143,8 +143,8 @@ inline void set_nonblocking(int fd, bool on) {
 // "host:port" or "[v6]:port". The port must be a decimal number in 0..65535.
 inline std::pair<std::string, std::uint16_t> parse_host_port(std::string_view text) {
   auto bad = [&](const char* why) {
-    return error(errc::invalid_argument, "bad address '" + std::string(text) + "': " + why +
-                                             " (expected host:port or [ipv6]:port)");
+    return error(errc::invalid_argument,
+                 "bad address '" + std::string(text) + "': " + why + " (expected host:port or [ipv6]:port)");
   };
   std::string_view host, port;
   if (!text.empty() && text.front() == '[') {
@@ -237,12 +237,12 @@ inline fd_handle listen_tcp(const std::string& host, std::uint16_t port, int bac
       return fd;
     }
   }
-  throw error(errc::system, "cannot listen on " + join_host_port(host.empty() ? "*" : host, port) + ": " +
-                                errno_text(last_errno) +
-                                (last_errno == EADDRINUSE ? " (another process holds the port; pick another)"
-                                 : last_errno == EADDRNOTAVAIL
-                                     ? " (the address is not one of this host's; check PLAIT_ADDR/PLAIT_STORE)"
-                                     : ""));
+  throw error(
+      errc::system,
+      "cannot listen on " + join_host_port(host.empty() ? "*" : host, port) + ": " + errno_text(last_errno) +
+          (last_errno == EADDRINUSE      ? " (another process holds the port; pick another)"
+           : last_errno == EADDRNOTAVAIL ? " (the address is not one of this host's; check PLAIT_ADDR/PLAIT_STORE)"
+                                         : ""));
 }
 
 namespace socket_detail {
@@ -251,8 +251,17 @@ namespace socket_detail {
 // the route is coming up, the ephemeral ports are momentarily exhausted).
 inline bool connect_retryable(int e) {
   switch (e) {
-    case ECONNREFUSED: case ENETUNREACH: case EHOSTUNREACH: case ETIMEDOUT: case ECONNRESET:
-    case ECONNABORTED: case EAGAIN: case EADDRNOTAVAIL: case EINTR: case ENETDOWN: case EHOSTDOWN:
+    case ECONNREFUSED:
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+    case ETIMEDOUT:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case EAGAIN:
+    case EADDRNOTAVAIL:
+    case EINTR:
+    case ENETDOWN:
+    case EHOSTDOWN:
       return true;
     default:
       return false;
@@ -318,8 +327,7 @@ inline fd_handle connect_tcp(const std::string& host, std::uint16_t port, clock:
     std::this_thread::sleep_for(std::min<clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
-  std::string why = last_errno == EAI_AGAIN ? std::string("name resolution kept failing")
-                                            : errno_text(last_errno);
+  std::string why = last_errno == EAI_AGAIN ? std::string("name resolution kept failing") : errno_text(last_errno);
   throw error(errc::timeout, "could not connect to " + where + " before the deadline (last error: " + why +
                                  "); is the peer/store running, and is the address right "
                                  "(PLAIT_STORE, MASTER_ADDR/MASTER_PORT, PLAIT_ADDR)?");
@@ -359,8 +367,8 @@ inline void send_all(int fd, const void* data, std::size_t n, clock::time_point 
     int e = errno;
     if (e == EINTR) continue;
     if (e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ETIMEDOUT)
-      throw error(errc::peer_lost, "connection to " + peer_endpoint(fd) + " was closed by the peer (" +
-                                       errno_text(e) + ")");
+      throw error(errc::peer_lost,
+                  "connection to " + peer_endpoint(fd) + " was closed by the peer (" + errno_text(e) + ")");
     if (e != EAGAIN && e != EWOULDBLOCK) throw error(errc::system, "send failed: " + errno_text(e));
     pollfd pfd{fd, POLLOUT, 0};
     int timeout = poll_timeout_ms(deadline);
@@ -382,8 +390,7 @@ inline void recv_all(int fd, void* data, std::size_t n, clock::time_point deadli
       n -= static_cast<std::size_t>(k);
       continue;
     }
-    if (k == 0)
-      throw error(errc::peer_lost, "connection to " + peer_endpoint(fd) + " was closed by the peer");
+    if (k == 0) throw error(errc::peer_lost, "connection to " + peer_endpoint(fd) + " was closed by the peer");
     int e = errno;
     if (e == EINTR) continue;
     if (e == ECONNRESET || e == ENOTCONN || e == ETIMEDOUT || e == EPIPE)
