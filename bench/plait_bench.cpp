@@ -47,11 +47,22 @@ std::size_t parse_size(const char* s) {
   double v = std::strtod(s, &end);
   if (end == s || v < 0) usage("bad size");
   switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    case '\0': break;
-    default: usage("bad size suffix");
+    case 'K':
+    case 'k':
+      v *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    case '\0':
+      break;
+    default:
+      usage("bad size suffix");
   }
   return static_cast<std::size_t>(v);
 }
@@ -63,19 +74,32 @@ options parse(int argc, char** argv) {
     if (a == "-h" || a == "--help") usage("help");
     if (i + 1 >= argc) usage(("missing value for " + a).c_str());
     const char* v = argv[++i];
-    if (a == "-b") o.min_bytes = parse_size(v);
-    else if (a == "-e") o.max_bytes = parse_size(v);
-    else if (a == "-f") o.factor = std::atof(v);
-    else if (a == "-o") o.op = v;
-    else if (a == "-d") o.type = v;
-    else if (a == "-r") o.redop = v;
-    else if (a == "-a") o.algo = v;
-    else if (a == "-t") o.transport = v;
-    else if (a == "-w") o.warmup = std::atoi(v);
-    else if (a == "-n") o.iters = std::atoi(v);
-    else if (a == "-c") o.check = std::atoi(v);
-    else if (a == "-R") o.root = std::atoi(v);
-    else usage(("unknown option " + a).c_str());
+    if (a == "-b")
+      o.min_bytes = parse_size(v);
+    else if (a == "-e")
+      o.max_bytes = parse_size(v);
+    else if (a == "-f")
+      o.factor = std::atof(v);
+    else if (a == "-o")
+      o.op = v;
+    else if (a == "-d")
+      o.type = v;
+    else if (a == "-r")
+      o.redop = v;
+    else if (a == "-a")
+      o.algo = v;
+    else if (a == "-t")
+      o.transport = v;
+    else if (a == "-w")
+      o.warmup = std::atoi(v);
+    else if (a == "-n")
+      o.iters = std::atoi(v);
+    else if (a == "-c")
+      o.check = std::atoi(v);
+    else if (a == "-R")
+      o.root = std::atoi(v);
+    else
+      usage(("unknown option " + a).c_str());
   }
   if (o.factor <= 1.0 || o.iters < 1 || o.warmup < 0 || o.min_bytes > o.max_bytes) usage("bad sweep parameters");
   return o;
@@ -91,8 +115,10 @@ double bus_factor(const std::string& op, int n) {
 template <class T>
 T value(int rank, std::size_t i) {
   const float v = static_cast<float>((i * 7 + static_cast<std::size_t>(rank) * 3) % 11);
-  if constexpr (std::is_same_v<T, plait::half> || std::is_same_v<T, plait::bfloat16>) return T(v);
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, plait::half> || std::is_same_v<T, plait::bfloat16>)
+    return T(v);
+  else
+    return static_cast<T>(v);
 }
 
 template <class Comm, class T, class Op, class Algo>
@@ -110,8 +136,8 @@ struct bench {
     else if (o.op == "all_gather")
       plait::all_gather<plait::ring>(comm, std::span<const T>(in.data(), block), std::span<T>(out.data(), block * n));
     else if (o.op == "reduce_scatter")
-      plait::reduce_scatter<plait::ring>(comm, std::span<const T>(in.data(), block * n), std::span<T>(out.data(), block),
-                                         Op{});
+      plait::reduce_scatter<plait::ring>(comm, std::span<const T>(in.data(), block * n),
+                                         std::span<T>(out.data(), block), Op{});
     else if (o.op == "broadcast")
       plait::broadcast<Algo>(comm, std::span<T>(out.data(), count), o.root);
     else if (o.op == "reduce")
@@ -146,7 +172,8 @@ struct bench {
     if (o.op == "all_reduce") {
       for (std::size_t i = 0; i < count; ++i) bad += differs(out[i], reduced(i));
     } else if (o.op == "all_gather") {
-      for (std::size_t i = 0; i < block * un; ++i) bad += differs(out[i], value<T>(static_cast<int>(i / block), i % block));
+      for (std::size_t i = 0; i < block * un; ++i)
+        bad += differs(out[i], value<T>(static_cast<int>(i / block), i % block));
     } else if (o.op == "reduce_scatter") {
       for (std::size_t i = 0; i < block; ++i) bad += differs(out[i], reduced(static_cast<std::size_t>(me) * block + i));
     } else if (o.op == "broadcast") {
@@ -170,14 +197,14 @@ struct bench {
   void run() {
     const int n = comm.size();
     const std::size_t max_count = std::max<std::size_t>(o.max_bytes / sizeof(T), 1);
-    in.assign(max_count, T{});   // touched here, not in the timed loop
+    in.assign(max_count, T{});  // touched here, not in the timed loop
     out.assign(max_count, T{});
     if (comm.rank() == 0) {
-      std::printf("# plait-bench: %s over %s, %d ranks, algorithm %s, %d warm-up + %d timed iterations\n",
-                  o.op.c_str(), o.transport.c_str(), n, o.algo.c_str(), o.warmup, o.iters);
+      std::printf("# plait-bench: %s over %s, %d ranks, algorithm %s, %d warm-up + %d timed iterations\n", o.op.c_str(),
+                  o.transport.c_str(), n, o.algo.c_str(), o.warmup, o.iters);
       std::printf("# busbw = algbw x %.4f; time = max over ranks of each rank's median\n#\n", bus_factor(o.op, n));
-      std::printf("%12s %12s %8s %6s %6s %10s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "root",
-                  "time(us)", "algbw", "busbw", "#wrong");
+      std::printf("%12s %12s %8s %6s %6s %10s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "root", "time(us)",
+                  "algbw", "busbw", "#wrong");
       std::fflush(stdout);
     }
     double bus_sum = 0;
@@ -192,7 +219,8 @@ struct bench {
       for (int i = 0; i < o.iters; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         once(count);
-        t[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        t[static_cast<std::size_t>(i)] =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       }
       std::nth_element(t.begin(), t.begin() + o.iters / 2, t.end());
       double med = t[static_cast<std::size_t>(o.iters / 2)];
@@ -209,8 +237,8 @@ struct bench {
       bus_sum += busbw;
       ++rows;
       if (comm.rank() == 0) {
-        std::printf("%12zu %12zu %8s %6s %6d %10.1f %9.3f %9.3f %7lld\n", size, count, o.type.c_str(),
-                    o.redop.c_str(), (o.op == "broadcast" || o.op == "reduce") ? o.root : -1, med, algbw, busbw,
+        std::printf("%12zu %12zu %8s %6s %6d %10.1f %9.3f %9.3f %7lld\n", size, count, o.type.c_str(), o.redop.c_str(),
+                    (o.op == "broadcast" || o.op == "reduce") ? o.root : -1, med, algbw, busbw,
                     static_cast<long long>(o.check ? bad : -1));
         std::fflush(stdout);
       }
@@ -226,30 +254,46 @@ struct bench {
 
 template <class Comm, class T, class Op>
 void with_algo(Comm& c, const options& o) {
-  if (o.algo == "ring") bench<Comm, T, Op, plait::ring>{c, o, {}, {}}.run();
-  else if (o.algo == "tree") bench<Comm, T, Op, plait::tree>{c, o, {}, {}}.run();
-  else if (o.algo == "automatic") bench<Comm, T, Op, plait::automatic>{c, o, {}, {}}.run();
-  else usage("unknown algorithm");
+  if (o.algo == "ring")
+    bench<Comm, T, Op, plait::ring>{c, o, {}, {}}.run();
+  else if (o.algo == "tree")
+    bench<Comm, T, Op, plait::tree>{c, o, {}, {}}.run();
+  else if (o.algo == "automatic")
+    bench<Comm, T, Op, plait::automatic>{c, o, {}, {}}.run();
+  else
+    usage("unknown algorithm");
 }
 
 template <class Comm, class T>
 void with_op(Comm& c, const options& o) {
-  if (o.redop == "sum") with_algo<Comm, T, plait::sum>(c, o);
-  else if (o.redop == "prod") with_algo<Comm, T, plait::prod>(c, o);
-  else if (o.redop == "min") with_algo<Comm, T, plait::min>(c, o);
-  else if (o.redop == "max") with_algo<Comm, T, plait::max>(c, o);
-  else if (o.redop == "avg") with_algo<Comm, T, plait::avg>(c, o);
-  else usage("unknown redop");
+  if (o.redop == "sum")
+    with_algo<Comm, T, plait::sum>(c, o);
+  else if (o.redop == "prod")
+    with_algo<Comm, T, plait::prod>(c, o);
+  else if (o.redop == "min")
+    with_algo<Comm, T, plait::min>(c, o);
+  else if (o.redop == "max")
+    with_algo<Comm, T, plait::max>(c, o);
+  else if (o.redop == "avg")
+    with_algo<Comm, T, plait::avg>(c, o);
+  else
+    usage("unknown redop");
 }
 
 template <class Comm>
 void with_type(Comm& c, const options& o) {
-  if (o.type == "float") with_op<Comm, float>(c, o);
-  else if (o.type == "double") with_op<Comm, double>(c, o);
-  else if (o.type == "int32") with_op<Comm, std::int32_t>(c, o);
-  else if (o.type == "bfloat16") with_op<Comm, plait::bfloat16>(c, o);
-  else if (o.type == "half") with_op<Comm, plait::half>(c, o);
-  else usage("unknown type");
+  if (o.type == "float")
+    with_op<Comm, float>(c, o);
+  else if (o.type == "double")
+    with_op<Comm, double>(c, o);
+  else if (o.type == "int32")
+    with_op<Comm, std::int32_t>(c, o);
+  else if (o.type == "bfloat16")
+    with_op<Comm, plait::bfloat16>(c, o);
+  else if (o.type == "half")
+    with_op<Comm, plait::half>(c, o);
+  else
+    usage("unknown type");
 }
 
 }  // namespace

@@ -29,15 +29,25 @@
 namespace plait {
 
 template <class A>
-concept has_all_reduce = requires(const detail::schedule_params& p) { { A::all_reduce(p) } -> std::same_as<detail::schedule>; };
+concept has_all_reduce = requires(const detail::schedule_params& p) {
+  { A::all_reduce(p) } -> std::same_as<detail::schedule>;
+};
 template <class A>
-concept has_all_gather = requires(const detail::schedule_params& p) { { A::all_gather(p) } -> std::same_as<detail::schedule>; };
+concept has_all_gather = requires(const detail::schedule_params& p) {
+  { A::all_gather(p) } -> std::same_as<detail::schedule>;
+};
 template <class A>
-concept has_reduce_scatter = requires(const detail::schedule_params& p) { { A::reduce_scatter(p) } -> std::same_as<detail::schedule>; };
+concept has_reduce_scatter = requires(const detail::schedule_params& p) {
+  { A::reduce_scatter(p) } -> std::same_as<detail::schedule>;
+};
 template <class A>
-concept has_broadcast = requires(const detail::schedule_params& p) { { A::broadcast(p) } -> std::same_as<detail::schedule>; };
+concept has_broadcast = requires(const detail::schedule_params& p) {
+  { A::broadcast(p) } -> std::same_as<detail::schedule>;
+};
 template <class A>
-concept has_reduce = requires(const detail::schedule_params& p) { { A::reduce(p) } -> std::same_as<detail::schedule>; };
+concept has_reduce = requires(const detail::schedule_params& p) {
+  { A::reduce(p) } -> std::same_as<detail::schedule>;
+};
 
 namespace detail {
 
@@ -148,28 +158,30 @@ request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out
 // ---- all_reduce --------------------------------------------------------------
 
 template <class Algo = automatic, class Transport, class T, class Op>
-  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_all_reduce<Algo>)
-void all_reduce(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op,
-                call_options opt = {}) {
+requires reduce_op<Op, T> &&
+    (std::same_as<Algo, automatic> ||
+     has_all_reduce<Algo>)void all_reduce(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in,
+                                          std::span<T> out, Op op, call_options opt = {}) {
   detail::all_reduce_impl<Algo>(comm.core(), in, out, op, opt, false);
 }
 
 template <class Algo = automatic, class Transport, class T, class Op>
-  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_all_reduce<Algo>)
-void all_reduce(communicator<Transport>& comm, std::span<T> buf, Op op, call_options opt = {}) {
+requires reduce_op<Op, T> &&(std::same_as<Algo, automatic> ||
+                             has_all_reduce<Algo>)void all_reduce(communicator<Transport>& comm, std::span<T> buf,
+                                                                  Op op, call_options opt = {}) {
   detail::all_reduce_impl<Algo>(comm.core(), std::span<const T>(buf), buf, op, opt, false);
 }
 
 template <class Algo = automatic, class Transport, class T, class Op>
-  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_all_reduce<Algo>)
-[[nodiscard]] request all_reduce_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in,
-                                       std::span<T> out, Op op, call_options opt = {}) {
+requires reduce_op<Op, T> &&(std::same_as<Algo, automatic> || has_all_reduce<Algo>) [[nodiscard]] request
+    all_reduce_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out,
+                     Op op, call_options opt = {}) {
   return detail::all_reduce_impl<Algo>(comm.core(), in, out, op, opt, true);
 }
 
 template <class Algo = automatic, class Transport, class T, class Op>
-  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_all_reduce<Algo>)
-[[nodiscard]] request all_reduce_async(communicator<Transport>& comm, std::span<T> buf, Op op, call_options opt = {}) {
+requires reduce_op<Op, T> &&(std::same_as<Algo, automatic> || has_all_reduce<Algo>) [[nodiscard]] request
+    all_reduce_async(communicator<Transport>& comm, std::span<T> buf, Op op, call_options opt = {}) {
   return detail::all_reduce_impl<Algo>(comm.core(), std::span<const T>(buf), buf, op, opt, true);
 }
 

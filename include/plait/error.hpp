@@ -27,15 +27,24 @@ enum class errc : int {
 
 constexpr std::string_view to_string(errc c) noexcept {
   switch (c) {
-    case errc::invalid_argument: return "invalid_argument";
-    case errc::timeout: return "timeout";
-    case errc::peer_lost: return "peer_lost";
-    case errc::mismatch: return "mismatch";
-    case errc::protocol: return "protocol";
-    case errc::auth: return "auth";
-    case errc::aborted: return "aborted";
-    case errc::unsupported: return "unsupported";
-    case errc::system: return "system";
+    case errc::invalid_argument:
+      return "invalid_argument";
+    case errc::timeout:
+      return "timeout";
+    case errc::peer_lost:
+      return "peer_lost";
+    case errc::mismatch:
+      return "mismatch";
+    case errc::protocol:
+      return "protocol";
+    case errc::auth:
+      return "auth";
+    case errc::aborted:
+      return "aborted";
+    case errc::unsupported:
+      return "unsupported";
+    case errc::system:
+      return "system";
   }
   return "unknown";
 }
@@ -44,7 +53,11 @@ class error : public std::runtime_error {
  public:
   error(errc code, std::string message, int rank = -1, int peer = -1, std::uint64_t sequence = 0)
       : std::runtime_error(format(code, message, rank, peer, sequence)),
-        code_(code), rank_(rank), peer_(peer), sequence_(sequence), message_(std::move(message)) {}
+        code_(code),
+        rank_(rank),
+        peer_(peer),
+        sequence_(sequence),
+        message_(std::move(message)) {}
 
   errc code() const noexcept { return code_; }
   int rank() const noexcept { return rank_; }
@@ -54,8 +67,7 @@ class error : public std::runtime_error {
   const std::string& message() const noexcept { return message_; }
 
  private:
-  static std::string format(errc code, const std::string& message, int rank, int peer,
-                            std::uint64_t sequence) {
+  static std::string format(errc code, const std::string& message, int rank, int peer, std::uint64_t sequence) {
     std::string s = "plait: ";
     s += to_string(code);
     if (rank >= 0) s += " on rank " + std::to_string(rank);

@@ -43,7 +43,7 @@ struct call {
   alignas(16) std::byte op[64] = {};  // a copy of the op functor (trivially copyable)
   int finalize_n = 1;                 // n for finalize (avg divides by it)
   clock::time_point deadline{};
-  std::size_t next = 0;                // first step not yet done
+  std::size_t next = 0;  // first step not yet done
   // Steps not yet done that send to / receive from each peer: a later call may use
   // a peer's FIFO only once every earlier call is done with it (per-pair order).
   std::vector<std::uint32_t> sends_left, recvs_left;
@@ -161,8 +161,7 @@ class executor {
       dsts[nd++] = slot;
     }
     if (s.write_output) dsts[nd++] = c.output + s.out_offset * c.elem_size;
-    if (s.count > 0 && ns > 0 && nd > 0)
-      c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
+    if (s.count > 0 && ns > 0 && nd > 0) c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
     for (int p : s.send_peer) {
       if (p < 0) continue;
       slot_header h;
@@ -184,9 +183,8 @@ class executor {
                       " (bad magic, version or sender); is something else writing to this job's links?",
                   rank_, peer, c.desc.sequence);
     if (h.flags & slot_error_notice) {
-      const int culprit = h.reserved > 0 && h.reserved <= static_cast<std::uint64_t>(size_)
-                              ? static_cast<int>(h.reserved - 1)
-                              : peer;
+      const int culprit =
+          h.reserved > 0 && h.reserved <= static_cast<std::uint64_t>(size_) ? static_cast<int>(h.reserved - 1) : peer;
       const auto code = static_cast<errc>(h.offset);
       std::string what = code == errc::invalid_argument && culprit == peer
                              ? "rank " + std::to_string(peer) + " failed its " + to_string(h.desc.kind) + " #" +
@@ -195,8 +193,9 @@ class executor {
                                    std::to_string(h.desc.sequence) + " with " + std::string(to_string(code)) +
                                    " caused by rank " + std::to_string(culprit);
       throw error(errc::mismatch,
-                  what + " (see its error); this communicator is now broken on every rank: fix the call and "
-                         "recreate it",
+                  what +
+                      " (see its error); this communicator is now broken on every rank: fix the call and "
+                      "recreate it",
                   rank_, culprit, c.desc.sequence);
     }
     if (!(h.desc == c.desc))

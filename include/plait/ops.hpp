@@ -28,8 +28,7 @@ namespace detail {
 // Integer arithmetic that wraps: small types are widened to unsigned int (not int, which
 // the usual promotions would pick and where uint16 * uint16 can overflow).
 template <class C>
-using wrap_unsigned_t =
-    std::conditional_t<(sizeof(C) < sizeof(unsigned)), unsigned, std::make_unsigned_t<C>>;
+using wrap_unsigned_t = std::conditional_t<(sizeof(C) < sizeof(unsigned)), unsigned, std::make_unsigned_t<C>>;
 
 template <class C>
 PLAIT_HOST_DEVICE constexpr bool sign_bit(C v) noexcept {
@@ -115,8 +114,7 @@ struct avg {
   PLAIT_HOST_DEVICE constexpr C finalize(C v, int n) const noexcept {
     if constexpr (std::is_integral_v<C>) {
       using W =
-          std::conditional_t<std::is_signed_v<C>,
-                             std::conditional_t<(sizeof(C) <= 4), std::int32_t, std::int64_t>,
+          std::conditional_t<std::is_signed_v<C>, std::conditional_t<(sizeof(C) <= 4), std::int32_t, std::int64_t>,
                              std::conditional_t<(sizeof(C) <= 4), std::uint32_t, std::uint64_t>>;
       return static_cast<C>(static_cast<W>(v) / static_cast<W>(n));
     } else {
@@ -154,10 +152,9 @@ struct bxor {
 
 // Op reduces elements of type T: it combines two compute values into one.
 template <class Op, class T>
-concept reduce_op = element_type<T> && std::is_trivially_copyable_v<Op> &&
-                    requires(const Op& op, compute_t<T> c) {
-                      { op(c, c) } -> std::convertible_to<compute_t<T>>;
-                    };
+concept reduce_op = element_type<T> && std::is_trivially_copyable_v<Op> && requires(const Op& op, compute_t<T> c) {
+  { op(c, c) } -> std::convertible_to<compute_t<T>>;
+};
 
 // Op has a finalize step for T, applied once to each reduced value.
 template <class Op, class T>

@@ -11,8 +11,8 @@
 // health(peer) is called while waiting on that peer: it throws plait::error
 // (peer_lost, protocol, ...) when the link to it has failed. Slots a peer posted
 // before it closed or died stay readable: peek() keeps returning them, so a rank
-// that finished and left is only an error for peers that still wait on it. A link_set is used by one thread at a time (the executor);
-// its own progress threads, if any, are internal. Destruction closes every link.
+// that finished and left is only an error for peers that still wait on it. A link_set is used by one thread at a time
+// (the executor); its own progress threads, if any, are internal. Destruction closes every link.
 //
 // A transport type T is a policy: traits, a name, and a connect() factory
 //   static std::unique_ptr<link_set> connect(bootstrap_context&, detail::doorbell&,
@@ -71,8 +71,8 @@ class bootstrap_context {
 };
 
 struct link_config {
-  std::size_t slot_bytes = 0;   // payload capacity of one slot
-  std::size_t depth = 0;        // slots per FIFO
+  std::size_t slot_bytes = 0;  // payload capacity of one slot
+  std::size_t depth = 0;       // slots per FIFO
   std::chrono::nanoseconds connect_timeout{};
 };
 

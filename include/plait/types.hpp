@@ -37,8 +37,7 @@ PLAIT_HOST_DEVICE constexpr To bit_cast(const From& from) noexcept {
 // this: written as ?:, g++ turns the pick into a branch, and with -ftrapping-math (its
 // default) it may not execute the float operation of the subnormal case unconditionally
 // again, so loops converting arrays would not vectorise.
-PLAIT_HOST_DEVICE constexpr std::uint32_t select_bits(bool c, std::uint32_t a,
-                                                      std::uint32_t b) noexcept {
+PLAIT_HOST_DEVICE constexpr std::uint32_t select_bits(bool c, std::uint32_t a, std::uint32_t b) noexcept {
   const std::uint32_t mask = 0u - static_cast<std::uint32_t>(c);
   return (a & mask) | (b & ~mask);
 }
@@ -56,8 +55,7 @@ PLAIT_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) noexcept {
   // Subnormal half (|f| < 2^-14): adding 0.5f, whose ulp is 2^-24 (the half subnormal
   // step), makes the FPU round |f| to that step, nearest even; the low bits are the result.
   const std::uint32_t subnormal = bit_cast<std::uint32_t>(bit_cast<float>(ax) + 0.5f) - 0x3f000000u;
-  const std::uint32_t r =
-      select_bits(ax >= 0x47800000u, big, select_bits(ax >= 0x38800000u, normal, subnormal));
+  const std::uint32_t r = select_bits(ax >= 0x47800000u, big, select_bits(ax >= 0x38800000u, normal, subnormal));
   return static_cast<std::uint16_t>(sign | r);
 }
 
@@ -70,10 +68,8 @@ PLAIT_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
   const std::uint32_t inf_nan = shifted + 0x70000000u;  // exponent 31 -> 255, payload kept
   // Zero and subnormal: build 2^-14 * (1 + m/1024) and subtract 2^-14, leaving m * 2^-24
   // exactly (and +0 for m = 0).
-  const std::uint32_t subnormal =
-      bit_cast<std::uint32_t>(bit_cast<float>(normal + 0x00800000u) - 0x1p-14f);
-  const std::uint32_t r =
-      select_bits(exponent == 0x0f800000u, inf_nan, select_bits(exponent == 0, subnormal, normal));
+  const std::uint32_t subnormal = bit_cast<std::uint32_t>(bit_cast<float>(normal + 0x00800000u) - 0x1p-14f);
+  const std::uint32_t r = select_bits(exponent == 0x0f800000u, inf_nan, select_bits(exponent == 0, subnormal, normal));
   return bit_cast<float>(sign | r);
 }
 
@@ -97,11 +93,8 @@ struct half {
   std::uint16_t bits;
 
   half() = default;
-  PLAIT_HOST_DEVICE constexpr explicit half(float f) noexcept
-      : bits(detail::float_to_half_bits(f)) {}
-  PLAIT_HOST_DEVICE constexpr explicit operator float() const noexcept {
-    return detail::half_bits_to_float(bits);
-  }
+  PLAIT_HOST_DEVICE constexpr explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
+  PLAIT_HOST_DEVICE constexpr explicit operator float() const noexcept { return detail::half_bits_to_float(bits); }
   PLAIT_HOST_DEVICE static constexpr half from_bits(std::uint16_t b) noexcept {
     half h;
     h.bits = b;
@@ -114,11 +107,8 @@ struct bfloat16 {
   std::uint16_t bits;
 
   bfloat16() = default;
-  PLAIT_HOST_DEVICE constexpr explicit bfloat16(float f) noexcept
-      : bits(detail::float_to_bfloat16_bits(f)) {}
-  PLAIT_HOST_DEVICE constexpr explicit operator float() const noexcept {
-    return detail::bfloat16_bits_to_float(bits);
-  }
+  PLAIT_HOST_DEVICE constexpr explicit bfloat16(float f) noexcept : bits(detail::float_to_bfloat16_bits(f)) {}
+  PLAIT_HOST_DEVICE constexpr explicit operator float() const noexcept { return detail::bfloat16_bits_to_float(bits); }
   PLAIT_HOST_DEVICE static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
     bfloat16 v;
     v.bits = b;
@@ -126,10 +116,8 @@ struct bfloat16 {
   }
 };
 
-static_assert(sizeof(half) == 2 && std::is_trivially_copyable_v<half> &&
-              std::is_standard_layout_v<half>);
-static_assert(sizeof(bfloat16) == 2 && std::is_trivially_copyable_v<bfloat16> &&
-              std::is_standard_layout_v<bfloat16>);
+static_assert(sizeof(half) == 2 && std::is_trivially_copyable_v<half> && std::is_standard_layout_v<half>);
+static_assert(sizeof(bfloat16) == 2 && std::is_trivially_copyable_v<bfloat16> && std::is_standard_layout_v<bfloat16>);
 
 // The wire value is part of the slot header's fingerprint: append, never renumber.
 enum class dtype : std::uint8_t { f32 = 1, f64, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16 };
@@ -178,24 +166,27 @@ inline constexpr dtype dtype_of = detail::dtype_traits<T>::value;
 
 // The type the kernel computes in: float for the 16-bit float types, T otherwise.
 template <element_type T>
-using compute_t =
-    std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
+using compute_t = std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
 
 // Size in bytes of one element; 0 for a value that names no dtype.
 constexpr std::size_t dtype_size(dtype d) noexcept {
   switch (d) {
     case dtype::i8:
-    case dtype::u8: return 1;
+    case dtype::u8:
+      return 1;
     case dtype::i16:
     case dtype::u16:
     case dtype::f16:
-    case dtype::bf16: return 2;
+    case dtype::bf16:
+      return 2;
     case dtype::f32:
     case dtype::i32:
-    case dtype::u32: return 4;
+    case dtype::u32:
+      return 4;
     case dtype::f64:
     case dtype::i64:
-    case dtype::u64: return 8;
+    case dtype::u64:
+      return 8;
   }
   return 0;
 }
@@ -203,18 +194,30 @@ constexpr std::size_t dtype_size(dtype d) noexcept {
 // The name nccl-tests prints; "unknown" for a value that names no dtype (bytes off the wire).
 constexpr const char* dtype_name(dtype d) noexcept {
   switch (d) {
-    case dtype::f32: return "float";
-    case dtype::f64: return "double";
-    case dtype::i8: return "int8";
-    case dtype::i16: return "int16";
-    case dtype::i32: return "int32";
-    case dtype::i64: return "int64";
-    case dtype::u8: return "uint8";
-    case dtype::u16: return "uint16";
-    case dtype::u32: return "uint32";
-    case dtype::u64: return "uint64";
-    case dtype::f16: return "half";
-    case dtype::bf16: return "bfloat16";
+    case dtype::f32:
+      return "float";
+    case dtype::f64:
+      return "double";
+    case dtype::i8:
+      return "int8";
+    case dtype::i16:
+      return "int16";
+    case dtype::i32:
+      return "int32";
+    case dtype::i64:
+      return "int64";
+    case dtype::u8:
+      return "uint8";
+    case dtype::u16:
+      return "uint16";
+    case dtype::u32:
+      return "uint32";
+    case dtype::u64:
+      return "uint64";
+    case dtype::f16:
+      return "half";
+    case dtype::bf16:
+      return "bfloat16";
   }
   return "unknown";
 }

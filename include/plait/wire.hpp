@@ -30,29 +30,38 @@ enum class collective_kind : std::uint8_t {
 
 inline const char* to_string(collective_kind k) noexcept {
   switch (k) {
-    case collective_kind::none: return "none";
-    case collective_kind::all_reduce: return "all_reduce";
-    case collective_kind::all_gather: return "all_gather";
-    case collective_kind::reduce_scatter: return "reduce_scatter";
-    case collective_kind::broadcast: return "broadcast";
-    case collective_kind::reduce: return "reduce";
-    case collective_kind::all_to_all: return "all_to_all";
-    case collective_kind::barrier: return "barrier";
-    case collective_kind::point_to_point: return "send/recv";
+    case collective_kind::none:
+      return "none";
+    case collective_kind::all_reduce:
+      return "all_reduce";
+    case collective_kind::all_gather:
+      return "all_gather";
+    case collective_kind::reduce_scatter:
+      return "reduce_scatter";
+    case collective_kind::broadcast:
+      return "broadcast";
+    case collective_kind::reduce:
+      return "reduce";
+    case collective_kind::all_to_all:
+      return "all_to_all";
+    case collective_kind::barrier:
+      return "barrier";
+    case collective_kind::point_to_point:
+      return "send/recv";
   }
   return "?";
 }
 
 // What a call is, as every participating rank must agree on it.
 struct call_desc {
-  std::uint64_t sequence = 0;    // collective number on the communicator (p2p: per-pair number)
-  std::uint64_t count = 0;       // elements (per rank for all_gather's shard / reduce_scatter's shard)
-  std::uint32_t slice_bytes = 0; // pipeline slice size
-  std::int32_t root = -1;        // broadcast / reduce root, -1 otherwise
+  std::uint64_t sequence = 0;     // collective number on the communicator (p2p: per-pair number)
+  std::uint64_t count = 0;        // elements (per rank for all_gather's shard / reduce_scatter's shard)
+  std::uint32_t slice_bytes = 0;  // pipeline slice size
+  std::int32_t root = -1;         // broadcast / reduce root, -1 otherwise
   collective_kind kind = collective_kind::none;
-  std::uint8_t dtype = 0;        // plait::dtype
-  std::uint8_t op = 0;           // op id (0 = none/copy)
-  std::uint8_t algorithm = 0;    // 1 ring, 2 tree, 3 direct
+  std::uint8_t dtype = 0;      // plait::dtype
+  std::uint8_t op = 0;         // op id (0 = none/copy)
+  std::uint8_t algorithm = 0;  // 1 ring, 2 tree, 3 direct
   std::uint32_t reserved = 0;
 
   friend bool operator==(const call_desc&, const call_desc&) = default;
@@ -71,9 +80,9 @@ struct slot_header {
   std::uint32_t magic = slot_magic;
   std::uint16_t version = wire_version;
   std::uint16_t flags = slot_data;
-  std::uint32_t bytes = 0;      // payload bytes that follow the header
-  std::int32_t sender = -1;     // sender's rank
-  std::uint64_t offset = 0;     // element offset of this slice within its block (diagnostics)
+  std::uint32_t bytes = 0;   // payload bytes that follow the header
+  std::int32_t sender = -1;  // sender's rank
+  std::uint64_t offset = 0;  // element offset of this slice within its block (diagnostics)
   std::uint64_t reserved = 0;
   call_desc desc;
 };
@@ -90,11 +99,9 @@ inline std::string describe_difference(const call_desc& mine, const call_desc& t
     s += " here vs ";
     s += b;
   };
-  if (mine.sequence != theirs.sequence)
-    add("sequence", std::to_string(mine.sequence), std::to_string(theirs.sequence));
+  if (mine.sequence != theirs.sequence) add("sequence", std::to_string(mine.sequence), std::to_string(theirs.sequence));
   if (mine.kind != theirs.kind) add("collective", to_string(mine.kind), to_string(theirs.kind));
-  if (mine.dtype != theirs.dtype)
-    add("dtype id", std::to_string(mine.dtype), std::to_string(theirs.dtype));
+  if (mine.dtype != theirs.dtype) add("dtype id", std::to_string(mine.dtype), std::to_string(theirs.dtype));
   if (mine.count != theirs.count) add("count", std::to_string(mine.count), std::to_string(theirs.count));
   if (mine.op != theirs.op) add("op id", std::to_string(mine.op), std::to_string(theirs.op));
   if (mine.root != theirs.root) add("root", std::to_string(mine.root), std::to_string(theirs.root));

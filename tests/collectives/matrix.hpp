@@ -102,13 +102,13 @@ void add_others(case_list<Tr>& cs, int n, std::size_t count) {
                   return to_blob(full);
                 },
                 [=, ref = lazily([=] {
-                  std::vector<T> full;
-                  for (int q = 0; q < n; ++q) {
-                    auto s = exact_pattern<T, Op>(q, count);
-                    full.insert(full.end(), s.begin(), s.end());
-                  }
-                  return to_blob(full);
-                })](int) { return ref(); }});
+                      std::vector<T> full;
+                      for (int q = 0; q < n; ++q) {
+                        auto s = exact_pattern<T, Op>(q, count);
+                        full.insert(full.end(), s.begin(), s.end());
+                      }
+                      return to_blob(full);
+                    })](int) { return ref(); }});
   cs.push_back({label<T, Op>("reduce_scatter<ring>", n, count),
                 [count, un](communicator<Tr>& c) {
                   const auto full = exact_pattern<T, Op>(c.rank(), count * un);

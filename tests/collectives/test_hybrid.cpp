@@ -17,7 +17,8 @@ TEST_CASE("every collective x algorithm over hybrid<shm, tcp> on two pretend hos
   CAPTURE(ranks);
   rank_options opt;
   opt.host_id = [](int r) { return r % 2 == 0 ? std::string("host-even") : std::string("host-odd"); };
-  check_cases<mixed>(ranks, [=] { return representative_cases<mixed>(ranks, counts); }, opt);
+  check_cases<mixed>(
+      ranks, [=] { return representative_cases<mixed>(ranks, counts); }, opt);
 }
 
 TEST_CASE("16 MiB per rank of float sum over hybrid<shm, tcp> equals the reference", "[collectives][hybrid][large]") {
@@ -27,10 +28,13 @@ TEST_CASE("16 MiB per rank of float sum over hybrid<shm, tcp> equals the referen
   rank_options opt;
   opt.slice_bytes = "128K";
   opt.host_id = [](int r) { return r < 1 ? std::string("host-a") : std::string("host-b"); };
-  check_cases<mixed>(ranks, [=] {
-    case_list<mixed> cs;
-    add_all_reduce<mixed, float, plait::sum>(cs, ranks, count);
-    add_others<mixed, float, plait::sum>(cs, ranks, count);
-    return cs;
-  }, opt);
+  check_cases<mixed>(
+      ranks,
+      [=] {
+        case_list<mixed> cs;
+        add_all_reduce<mixed, float, plait::sum>(cs, ranks, count);
+        add_others<mixed, float, plait::sum>(cs, ranks, count);
+        return cs;
+      },
+      opt);
 }

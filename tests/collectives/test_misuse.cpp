@@ -89,46 +89,74 @@ template <class Tr>
 void misuse_suite(int n) {
   using C = plait::communicator<Tr>;
   std::vector<float> a(64, 1.0f), b(64, 0.0f), big(64 * static_cast<std::size_t>(n), 1.0f);
-  auto proper_all_reduce = [&](C& c) { plait::all_reduce<plait::ring>(c, std::span<const float>(a), std::span<float>(b), plait::sum{}); };
+  auto proper_all_reduce = [&](C& c) {
+    plait::all_reduce<plait::ring>(c, std::span<const float>(a), std::span<float>(b), plait::sum{});
+  };
 
-  expect_rejected<Tr>(n, "all_reduce with input and output of different sizes",
-      [&](C& c) { plait::all_reduce<plait::ring>(c, std::span<const float>(a.data(), 63), std::span<float>(b), plait::sum{}); },
+  expect_rejected<Tr>(
+      n, "all_reduce with input and output of different sizes",
+      [&](C& c) {
+        plait::all_reduce<plait::ring>(c, std::span<const float>(a.data(), 63), std::span<float>(b), plait::sum{});
+      },
       proper_all_reduce);
-  expect_rejected<Tr>(n, "all_reduce with partly overlapping buffers",
-      [&](C& c) { plait::all_reduce<plait::ring>(c, std::span<const float>(big.data(), 64), std::span<float>(big.data() + 1, 64), plait::sum{}); },
+  expect_rejected<Tr>(
+      n, "all_reduce with partly overlapping buffers",
+      [&](C& c) {
+        plait::all_reduce<plait::ring>(c, std::span<const float>(big.data(), 64), std::span<float>(big.data() + 1, 64),
+                                       plait::sum{});
+      },
       proper_all_reduce);
-  expect_rejected<Tr>(n, "all_gather whose output is not size() shards",
-      [&](C& c) { plait::all_gather<plait::ring>(c, std::span<const float>(a), std::span<float>(big.data(), big.size() - 1)); },
+  expect_rejected<Tr>(
+      n, "all_gather whose output is not size() shards",
+      [&](C& c) {
+        plait::all_gather<plait::ring>(c, std::span<const float>(a), std::span<float>(big.data(), big.size() - 1));
+      },
       [&](C& c) { plait::all_gather<plait::ring>(c, std::span<const float>(a), std::span<float>(big)); });
-  expect_rejected<Tr>(n, "all_gather with overlapping buffers",
+  expect_rejected<Tr>(
+      n, "all_gather with overlapping buffers",
       [&](C& c) { plait::all_gather<plait::ring>(c, std::span<const float>(big.data(), 64), std::span<float>(big)); },
       [&](C& c) { plait::all_gather<plait::ring>(c, std::span<const float>(a), std::span<float>(big)); });
-  expect_rejected<Tr>(n, "reduce_scatter whose input is not size() shards",
-      [&](C& c) { plait::reduce_scatter<plait::ring>(c, std::span<const float>(big.data(), big.size() - 1), std::span<float>(b), plait::sum{}); },
-      [&](C& c) { plait::reduce_scatter<plait::ring>(c, std::span<const float>(big), std::span<float>(b), plait::sum{}); });
-  expect_rejected<Tr>(n, "broadcast with a root out of range",
-      [&](C& c) { plait::broadcast<plait::tree>(c, std::span<float>(b), n); },
+  expect_rejected<Tr>(
+      n, "reduce_scatter whose input is not size() shards",
+      [&](C& c) {
+        plait::reduce_scatter<plait::ring>(c, std::span<const float>(big.data(), big.size() - 1), std::span<float>(b),
+                                           plait::sum{});
+      },
+      [&](C& c) {
+        plait::reduce_scatter<plait::ring>(c, std::span<const float>(big), std::span<float>(b), plait::sum{});
+      });
+  expect_rejected<Tr>(
+      n, "broadcast with a root out of range", [&](C& c) { plait::broadcast<plait::tree>(c, std::span<float>(b), n); },
       [&](C& c) { plait::broadcast<plait::tree>(c, std::span<float>(b), 0); });
-  expect_rejected<Tr>(n, "broadcast with a negative root",
-      [&](C& c) { plait::broadcast<plait::ring>(c, std::span<float>(b), -1); },
+  expect_rejected<Tr>(
+      n, "broadcast with a negative root", [&](C& c) { plait::broadcast<plait::ring>(c, std::span<float>(b), -1); },
       [&](C& c) { plait::broadcast<plait::ring>(c, std::span<float>(b), 0); });
-  expect_rejected<Tr>(n, "reduce with a root out of range",
+  expect_rejected<Tr>(
+      n, "reduce with a root out of range",
       [&](C& c) { plait::reduce<plait::tree>(c, std::span<const float>(a), std::span<float>(b), plait::sum{}, n + 3); },
       [&](C& c) { plait::reduce<plait::tree>(c, std::span<const float>(a), std::span<float>(b), plait::sum{}, 0); });
-  expect_rejected<Tr>(n, "all_to_all with a count not divisible by the rank count",
-      [&](C& c) { plait::all_to_all(c, std::span<const float>(big.data(), big.size() - 1), std::span<float>(big.data(), big.size() - 1)); },
-      [&](C& c) { std::vector<float> o(big.size()); plait::all_to_all(c, std::span<const float>(big), std::span<float>(o)); });
-  expect_rejected<Tr>(n, "all_gather whose count overflows",
+  expect_rejected<Tr>(
+      n, "all_to_all with a count not divisible by the rank count",
+      [&](C& c) {
+        plait::all_to_all(c, std::span<const float>(big.data(), big.size() - 1),
+                          std::span<float>(big.data(), big.size() - 1));
+      },
+      [&](C& c) {
+        std::vector<float> o(big.size());
+        plait::all_to_all(c, std::span<const float>(big), std::span<float>(o));
+      });
+  expect_rejected<Tr>(
+      n, "all_gather whose count overflows",
       [&](C& c) {
         const std::size_t huge = std::numeric_limits<std::size_t>::max() / 2;
         plait::all_gather<plait::ring>(c, std::span<const float>(a.data(), huge), std::span<float>(b.data(), huge));
       },
       [&](C& c) { plait::all_gather<plait::ring>(c, std::span<const float>(a), std::span<float>(big)); });
-  expect_rejected<Tr>(n, "send to oneself",
-      [&](C& c) { plait::send(c, std::span<const float>(a), c.rank()); },
+  expect_rejected<Tr>(
+      n, "send to oneself", [&](C& c) { plait::send(c, std::span<const float>(a), c.rank()); },
       [&](C& c) { plait::barrier(c); });
-  expect_rejected<Tr>(n, "recv from a peer out of range",
-      [&](C& c) { plait::recv(c, std::span<float>(b), n); },
+  expect_rejected<Tr>(
+      n, "recv from a peer out of range", [&](C& c) { plait::recv(c, std::span<float>(b), n); },
       [&](C& c) { plait::barrier(c); });
 }
 
@@ -143,17 +171,20 @@ TEST_CASE("misuse is invalid_argument on its rank and mismatch naming it on the 
 }
 
 TEST_CASE("send and recv of different sizes is mismatch", "[misuse][shm]") {
-  auto results = run_ranks<plait::transport::shm>(2, [](plait::communicator<plait::transport::shm>& c) {
-    std::vector<blob> out;
-    std::vector<float> v(c.rank() == 0 ? 10 : 11);
-    out.push_back(outcome(c, [&] {
-      if (c.rank() == 0)
-        plait::send(c, std::span<const float>(v), 1);
-      else
-        plait::recv(c, std::span<float>(v), 0);
-    }));
-    return out;
-  }, short_timeout());
+  auto results = run_ranks<plait::transport::shm>(
+      2,
+      [](plait::communicator<plait::transport::shm>& c) {
+        std::vector<blob> out;
+        std::vector<float> v(c.rank() == 0 ? 10 : 11);
+        out.push_back(outcome(c, [&] {
+          if (c.rank() == 0)
+            plait::send(c, std::span<const float>(v), 1);
+          else
+            plait::recv(c, std::span<float>(v), 0);
+        }));
+        return out;
+      },
+      short_timeout());
   REQUIRE(results[1].error == "");
   INFO(text(results[1].blobs.at(0)));
   CHECK(text(results[1].blobs.at(0)).rfind("mismatch:0:", 0) == 0);

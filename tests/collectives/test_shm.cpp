@@ -20,10 +20,13 @@ TEST_CASE("16 MiB per rank of float sum over shm equals the reference", "[collec
   const std::size_t count = (16u << 20) / sizeof(float);
   rank_options large;
   large.slice_bytes = "128K";
-  check_cases<shm>(ranks, [=] {
-    case_list<shm> cs;
-    add_all_reduce<shm, float, plait::sum>(cs, ranks, count);
-    add_others<shm, float, plait::sum>(cs, ranks, count);
-    return cs;
-  }, large);
+  check_cases<shm>(
+      ranks,
+      [=] {
+        case_list<shm> cs;
+        add_all_reduce<shm, float, plait::sum>(cs, ranks, count);
+        add_others<shm, float, plait::sum>(cs, ranks, count);
+        return cs;
+      },
+      large);
 }

@@ -20,10 +20,13 @@ TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collec
   const std::size_t count = (16u << 20) / sizeof(float);
   rank_options large;
   large.slice_bytes = "128K";
-  check_cases<tcp>(ranks, [=] {
-    case_list<tcp> cs;
-    add_all_reduce<tcp, float, plait::sum>(cs, ranks, count);
-    add_others<tcp, float, plait::sum>(cs, ranks, count);
-    return cs;
-  }, large);
+  check_cases<tcp>(
+      ranks,
+      [=] {
+        case_list<tcp> cs;
+        add_all_reduce<tcp, float, plait::sum>(cs, ranks, count);
+        add_others<tcp, float, plait::sum>(cs, ranks, count);
+        return cs;
+      },
+      large);
 }

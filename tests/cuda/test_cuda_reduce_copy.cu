@@ -35,8 +35,7 @@ double show(T x) {
 
 template <class T>
 T input(int k, std::size_t i) {
-  const auto x =
-      static_cast<std::uint32_t>(i * 2654435761u + static_cast<std::uint32_t>(k) * 40503u);
+  const auto x = static_cast<std::uint32_t>(i * 2654435761u + static_cast<std::uint32_t>(k) * 40503u);
   if constexpr (std::is_same_v<T, plait::bfloat16>) {
     return T(static_cast<float>(static_cast<int>(x % 2001) - 1000) * 0.0625f);
   } else if constexpr (std::is_floating_point_v<T>) {
@@ -49,31 +48,26 @@ T input(int k, std::size_t i) {
 // One case: nsrc inputs, ndst outputs (the first one in place on source 0 when in_place),
 // on the device and on the host, compared bit for bit.
 template <class T, class Op>
-void run_case(const char* name, const Op& op, int nsrc, int ndst, std::size_t count, bool in_place,
-              int finalize_n) {
+void run_case(const char* name, const Op& op, int nsrc, int ndst, std::size_t count, bool in_place, int finalize_n) {
   ++cases;
   char label[160];
-  std::snprintf(label, sizeof label, "%s nsrc=%d ndst=%d count=%zu%s finalize_n=%d", name, nsrc,
-                ndst, count, in_place ? " in-place" : "", finalize_n);
+  std::snprintf(label, sizeof label, "%s nsrc=%d ndst=%d count=%zu%s finalize_n=%d", name, nsrc, ndst, count,
+                in_place ? " in-place" : "", finalize_n);
 
   std::vector<std::vector<T>> host_src(static_cast<std::size_t>(nsrc));
   for (int k = 0; k < nsrc; ++k)
-    for (std::size_t i = 0; i < count; ++i)
-      host_src[static_cast<std::size_t>(k)].push_back(input<T>(k, i));
+    for (std::size_t i = 0; i < count; ++i) host_src[static_cast<std::size_t>(k)].push_back(input<T>(k, i));
 
   // Host reference: the host kernel on copies (in place too, when asked).
   std::vector<std::vector<T>> ref_src = host_src;
   std::vector<std::vector<T>> ref_dst(static_cast<std::size_t>(ndst), std::vector<T>(count));
   std::array<const T*, 3> hs{};
   std::array<T*, 3> hd{};
-  for (int k = 0; k < nsrc; ++k)
-    hs[static_cast<std::size_t>(k)] = ref_src[static_cast<std::size_t>(k)].data();
-  for (int k = 0; k < ndst; ++k)
-    hd[static_cast<std::size_t>(k)] = ref_dst[static_cast<std::size_t>(k)].data();
+  for (int k = 0; k < nsrc; ++k) hs[static_cast<std::size_t>(k)] = ref_src[static_cast<std::size_t>(k)].data();
+  for (int k = 0; k < ndst; ++k) hd[static_cast<std::size_t>(k)] = ref_dst[static_cast<std::size_t>(k)].data();
   if (in_place) hd[0] = ref_src[0].data();
-  plait::kernel::reduce_copy<T>(
-      op, std::span<const T* const>(hs.data(), static_cast<std::size_t>(nsrc)),
-      std::span<T* const>(hd.data(), static_cast<std::size_t>(ndst)), count, finalize_n);
+  plait::kernel::reduce_copy<T>(op, std::span<const T* const>(hs.data(), static_cast<std::size_t>(nsrc)),
+                                std::span<T* const>(hd.data(), static_cast<std::size_t>(ndst)), count, finalize_n);
 
   const std::size_t bytes = count * sizeof(T);
   std::array<T*, 3> ds{};
@@ -81,8 +75,7 @@ void run_case(const char* name, const Op& op, int nsrc, int ndst, std::size_t co
   bool ok = true;
   for (int k = 0; k < nsrc && ok; ++k) {
     ok = check(cudaMalloc(&ds[static_cast<std::size_t>(k)], bytes + sizeof(T)), "cudaMalloc") &&
-         check(cudaMemcpy(ds[static_cast<std::size_t>(k)],
-                          host_src[static_cast<std::size_t>(k)].data(), bytes,
+         check(cudaMemcpy(ds[static_cast<std::size_t>(k)], host_src[static_cast<std::size_t>(k)].data(), bytes,
                           cudaMemcpyHostToDevice),
                "cudaMemcpy to device");
   }
@@ -96,23 +89,21 @@ void run_case(const char* name, const Op& op, int nsrc, int ndst, std::size_t co
   }
   if (ok) {
     const std::array<const T*, 3> cs{ds[0], ds[1], ds[2]};
-    ok = check(plait::kernel::reduce_copy_device<T>(op, cs.data(), nsrc, dd.data(), ndst, count,
-                                                    finalize_n, nullptr),
+    ok = check(plait::kernel::reduce_copy_device<T>(op, cs.data(), nsrc, dd.data(), ndst, count, finalize_n, nullptr),
                label) &&
          check(cudaDeviceSynchronize(), label);
   }
   int bad = 0;
   for (int k = 0; k < ndst && ok; ++k) {
     std::vector<T> got(count);
-    ok = check(
-        cudaMemcpy(got.data(), dd[static_cast<std::size_t>(k)], bytes, cudaMemcpyDeviceToHost),
-        "cudaMemcpy to host");
+    ok = check(cudaMemcpy(got.data(), dd[static_cast<std::size_t>(k)], bytes, cudaMemcpyDeviceToHost),
+               "cudaMemcpy to host");
     const T* want = hd[static_cast<std::size_t>(k)];
     for (std::size_t i = 0; ok && i < count; ++i) {
       if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
         if (bad++ < 3)
-          std::printf("FAIL  %s: destination %d element %zu: expected %.9g, got %.9g\n", label, k,
-                      i, show(want[i]), show(got[i]));
+          std::printf("FAIL  %s: destination %d element %zu: expected %.9g, got %.9g\n", label, k, i, show(want[i]),
+                      show(got[i]));
       }
     }
   }
@@ -128,8 +119,7 @@ void sweep(const char* name, const Op& op, int finalize_n = 0) {
   for (std::size_t count : counts)
     for (int nsrc = 1; nsrc <= 3; ++nsrc)
       for (int ndst = 1; ndst <= 3; ++ndst)
-        for (bool in_place : {false, true})
-          run_case<T>(name, op, nsrc, ndst, count, in_place, finalize_n);
+        for (bool in_place : {false, true}) run_case<T>(name, op, nsrc, ndst, count, in_place, finalize_n);
 }
 
 }  // namespace
@@ -161,7 +151,6 @@ int main() {
     ++failures;
   }
 
-  std::printf("%s: %d of %d cases passed\n", failures == 0 ? "PASS" : "FAIL", cases - failures,
-              cases);
+  std::printf("%s: %d of %d cases passed\n", failures == 0 ? "PASS" : "FAIL", cases - failures, cases);
   return failures == 0 ? 0 : 1;
 }

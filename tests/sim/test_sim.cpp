@@ -46,19 +46,20 @@ TEST_CASE("ring and tree schedules produce the reference on the sim transport", 
   const std::size_t count = GENERATE(as<std::size_t>{}, 0, 1, 13, 4099, 100003);
   CAPTURE(n, count);
   const auto want = reference_all_reduce<float, plait::sum>(n, count);
-  auto errors = on_threads(n, "sim-" + std::to_string(n) + "-" + std::to_string(count), [&](comm_t& c, std::string& err) {
-    const auto in = exact_pattern<float>(c.rank(), count);
-    std::vector<float> out(count);
-    plait::all_reduce<plait::ring>(c, std::span<const float>(in), std::span<float>(out), plait::sum{});
-    err += compare(want, out, c.rank(), "all_reduce<ring>");
-    auto buf = in;
-    plait::all_reduce<plait::tree>(c, std::span<float>(buf), plait::sum{});
-    err += compare(want, buf, c.rank(), "all_reduce<tree> in place");
-    std::vector<float> b = c.rank() == n - 1 ? in : std::vector<float>(count);
-    plait::broadcast<plait::tree>(c, std::span<float>(b), n - 1);
-    err += compare(exact_pattern<float>(n - 1, count), b, c.rank(), "broadcast<tree>");
-    plait::barrier(c);
-  });
+  auto errors =
+      on_threads(n, "sim-" + std::to_string(n) + "-" + std::to_string(count), [&](comm_t& c, std::string& err) {
+        const auto in = exact_pattern<float>(c.rank(), count);
+        std::vector<float> out(count);
+        plait::all_reduce<plait::ring>(c, std::span<const float>(in), std::span<float>(out), plait::sum{});
+        err += compare(want, out, c.rank(), "all_reduce<ring>");
+        auto buf = in;
+        plait::all_reduce<plait::tree>(c, std::span<float>(buf), plait::sum{});
+        err += compare(want, buf, c.rank(), "all_reduce<tree> in place");
+        std::vector<float> b = c.rank() == n - 1 ? in : std::vector<float>(count);
+        plait::broadcast<plait::tree>(c, std::span<float>(b), n - 1);
+        err += compare(exact_pattern<float>(n - 1, count), b, c.rank(), "broadcast<tree>");
+        plait::barrier(c);
+      });
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     CHECK(errors[static_cast<std::size_t>(r)] == "");

@@ -54,15 +54,15 @@ std::vector<T> from_blob(const blob& b) {
 }
 
 struct rank_options {
-  std::chrono::seconds deadline{120};     // whole sweep, per rank
-  std::string slice_bytes = "4K";          // small slices exercise the multi-slice paths
-  std::string timeout = "30";              // PLAIT_TIMEOUT inside the ranks
-  std::function<std::string(int)> host_id; // PLAIT_HOST_ID per rank (hybrid tests)
+  std::chrono::seconds deadline{120};       // whole sweep, per rank
+  std::string slice_bytes = "4K";           // small slices exercise the multi-slice paths
+  std::string timeout = "30";               // PLAIT_TIMEOUT inside the ranks
+  std::function<std::string(int)> host_id;  // PLAIT_HOST_ID per rank (hybrid tests)
 };
 
 struct rank_result {
-  int exit_status = 0;            // 0 = ok
-  std::string error;              // what the child reported (or why it was killed)
+  int exit_status = 0;  // 0 = ok
+  std::string error;    // what the child reported (or why it was killed)
   std::vector<blob> blobs;
 };
 

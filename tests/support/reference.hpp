@@ -79,8 +79,7 @@ std::string compare(const std::vector<T>& want, const std::vector<T>& got, int r
   }
   for (std::size_t i = 0; i < want.size(); ++i) {
     if (std::memcmp(&want[i], &got[i], sizeof(T)) != 0) {
-      s << what << ": rank " << rank << ", element " << i << ": expected " << show(want[i]) << ", got "
-        << show(got[i]);
+      s << what << ": rank " << rank << ", element " << i << ": expected " << show(want[i]) << ", got " << show(got[i]);
       return s.str();
     }
   }

@@ -68,8 +68,7 @@ T input(std::size_t k, std::size_t i) {
 
 // The scalar reference, element by element in the documented order.
 template <class T, class Op>
-std::vector<T> reference(const Op& op, const std::vector<std::vector<T>>& srcs, std::size_t count,
-                         int finalize_n) {
+std::vector<T> reference(const Op& op, const std::vector<std::vector<T>>& srcs, std::size_t count, int finalize_n) {
   std::vector<T> out(count);
   for (std::size_t i = 0; i < count; ++i) {
     auto v = plait::to_compute(srcs[0][i]);
@@ -86,14 +85,14 @@ std::vector<T> reference(const Op& op, const std::vector<std::vector<T>>& srcs, 
 // One assertion per array; on failure it names the first bad element, expected and got.
 template <class T>
 void check_array(const char* what, const T* got, const std::vector<T>& want, std::size_t count,
-                 const std::type_identity_t<T>* guard_got,
-                 const std::type_identity_t<T>* guard_want, std::size_t guard) {
+                 const std::type_identity_t<T>* guard_got, const std::type_identity_t<T>* guard_want,
+                 std::size_t guard) {
   std::size_t bad = 0;
   std::ostringstream first;
   for (std::size_t i = 0; i < count; ++i) {
     if (!same_bits(got[i], want[i]) && bad++ == 0)
-      first << what << ": element " << i << " of " << count << ": expected " << show(want[i])
-            << ", got " << show(got[i]);
+      first << what << ": element " << i << " of " << count << ": expected " << show(want[i]) << ", got "
+            << show(got[i]);
   }
   for (std::size_t i = 0; i < guard; ++i) {
     if (!same_bits(guard_got[i], guard_want[i]) && bad++ == 0)
@@ -108,8 +107,8 @@ constexpr std::size_t guard = 5;
 // Runs reduce_copy with nsrc fresh sources into ndst fresh destinations (each allocated
 // with a guard tail and offset by `offset` elements to misalign them) and checks the result.
 template <class T, class Op>
-void run_case(const Op& op, std::size_t nsrc, std::size_t ndst, std::size_t count,
-              int finalize_n = 0, std::size_t offset = 0) {
+void run_case(const Op& op, std::size_t nsrc, std::size_t ndst, std::size_t count, int finalize_n = 0,
+              std::size_t offset = 0) {
   CAPTURE(nsrc, ndst, count, finalize_n, offset);
   std::vector<std::vector<T>> src_vals(nsrc);
   std::vector<std::vector<T>> src_bufs;
@@ -154,19 +153,18 @@ void sweep(const Op& op) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("reduce_copy sum: 1-3 sources x 0-3 destinations equals the reference",
-                   "[kernel]", float, double, std::int8_t, std::int16_t, std::int32_t, std::int64_t,
-                   std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t, half, bfloat16) {
+TEMPLATE_TEST_CASE("reduce_copy sum: 1-3 sources x 0-3 destinations equals the reference", "[kernel]", float, double,
+                   std::int8_t, std::int16_t, std::int32_t, std::int64_t, std::uint8_t, std::uint16_t, std::uint32_t,
+                   std::uint64_t, half, bfloat16) {
   sweep<TestType>(plait::sum{});
 }
 
-TEMPLATE_TEST_CASE("reduce_copy max equals the reference", "[kernel]", float, std::int32_t,
-                   std::uint8_t, bfloat16, half) {
+TEMPLATE_TEST_CASE("reduce_copy max equals the reference", "[kernel]", float, std::int32_t, std::uint8_t, bfloat16,
+                   half) {
   sweep<TestType>(plait::max{});
 }
 
-TEMPLATE_TEST_CASE("reduce_copy min, prod and bitwise ops", "[kernel]", std::int64_t, std::uint16_t,
-                   std::int8_t) {
+TEMPLATE_TEST_CASE("reduce_copy min, prod and bitwise ops", "[kernel]", std::int64_t, std::uint16_t, std::int8_t) {
   for (std::size_t nsrc = 1; nsrc <= 3; ++nsrc) {
     run_case<TestType>(plait::min{}, nsrc, 2, 4099);
     run_case<TestType>(plait::prod{}, nsrc, 1, 4099);
@@ -176,15 +174,13 @@ TEMPLATE_TEST_CASE("reduce_copy min, prod and bitwise ops", "[kernel]", std::int
   }
 }
 
-TEMPLATE_TEST_CASE("reduce_copy on misaligned arrays", "[kernel]", float, double, half,
-                   std::int8_t) {
+TEMPLATE_TEST_CASE("reduce_copy on misaligned arrays", "[kernel]", float, double, half, std::int8_t) {
   for (std::size_t offset = 1; offset <= 3; ++offset)
-    for (std::size_t nsrc = 1; nsrc <= 3; ++nsrc)
-      run_case<TestType>(plait::sum{}, nsrc, 2, 4099, 0, offset);
+    for (std::size_t nsrc = 1; nsrc <= 3; ++nsrc) run_case<TestType>(plait::sum{}, nsrc, 2, 4099, 0, offset);
 }
 
-TEMPLATE_TEST_CASE("reduce_copy avg applies finalize once", "[kernel]", std::int32_t, std::int8_t,
-                   std::uint16_t, float, double, half, bfloat16) {
+TEMPLATE_TEST_CASE("reduce_copy avg applies finalize once", "[kernel]", std::int32_t, std::int8_t, std::uint16_t, float,
+                   double, half, bfloat16) {
   for (std::size_t count : counts)
     for (std::size_t nsrc = 1; nsrc <= 3; ++nsrc) {
       run_case<TestType>(plait::avg{}, nsrc, 1, count, 3);
@@ -206,8 +202,8 @@ TEST_CASE("reduce_copy avg on int32 truncates toward zero", "[kernel]") {
   CHECK(out[3] == 2);
 }
 
-TEMPLATE_TEST_CASE("reduce_copy in place: a destination is a source", "[kernel]", float,
-                   std::int32_t, bfloat16, half, std::uint8_t, double) {
+TEMPLATE_TEST_CASE("reduce_copy in place: a destination is a source", "[kernel]", float, std::int32_t, bfloat16, half,
+                   std::uint8_t, double) {
   using T = TestType;
   for (std::size_t count : counts) {
     for (std::size_t nsrc = 1; nsrc <= 3; ++nsrc) {
@@ -229,8 +225,7 @@ TEMPLATE_TEST_CASE("reduce_copy in place: a destination is a source", "[kernel]"
         const std::vector<T> want = reference(plait::avg{}, vals, count, finalize_n);
         const T* tail = vals[alias].data() + count;
         check_array("in-place destination", dsts[0], want, count, dsts[0] + count, tail, guard);
-        check_array("second destination", dsts[1], want, count, dsts[1] + count,
-                    extra_fill.data() + count, guard);
+        check_array("second destination", dsts[1], want, count, dsts[1] + count, extra_fill.data() + count, guard);
         for (std::size_t k = 0; k < nsrc; ++k) {
           if (k == alias) continue;
           const std::string what = "source " + std::to_string(k) + " (must not change)";
@@ -246,9 +241,7 @@ TEST_CASE("reduce_copy copy is bit-exact and skips a destination that is the sou
   // the NaN; the copy path must not touch the bits.
   std::vector<half> src(4099);
   for (std::size_t i = 0; i < src.size(); ++i)
-    src[i] = half::from_bits(static_cast<std::uint16_t>(i % 3 == 0   ? 0x7c01
-                                                        : i % 3 == 1 ? 0x8000
-                                                                     : i));
+    src[i] = half::from_bits(static_cast<std::uint16_t>(i % 3 == 0 ? 0x7c01 : i % 3 == 1 ? 0x8000 : i));
   std::vector<half> a(src.size()), b(src.size());
   std::vector<half> same = src;
   const std::array<const half*, 1> srcs{same.data()};
@@ -295,8 +288,7 @@ TEST_CASE("reduce_copy aborts on a fan-in or fan-out it does not support", "[ker
       const std::array<const float*, 4> srcs{buf, buf, buf, buf};
       const std::array<float*, 4> dsts{buf, buf, buf, buf};
       std::fclose(stderr);  // keep the expected message out of the test log
-      plait::kernel::reduce_copy<float>(plait::sum{},
-                                        std::span<const float* const>(srcs.data(), nsrc),
+      plait::kernel::reduce_copy<float>(plait::sum{}, std::span<const float* const>(srcs.data(), nsrc),
                                         std::span<float* const>(dsts.data(), ndst), 4, 0);
       _exit(0);
     }

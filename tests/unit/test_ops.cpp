@@ -69,8 +69,7 @@ double as_double(T x) {
 // the compiler rejects signed overflow in a constant expression.
 static_assert(plait::sum{}(std::int8_t{127}, std::int8_t{1}) == -128);
 static_assert(plait::sum{}(std::int8_t{-128}, std::int8_t{-1}) == 127);
-static_assert(plait::sum{}(std::int32_t{2147483647}, std::int32_t{1}) ==
-              std::numeric_limits<std::int32_t>::min());
+static_assert(plait::sum{}(std::int32_t{2147483647}, std::int32_t{1}) == std::numeric_limits<std::int32_t>::min());
 static_assert(plait::sum{}(std::int64_t{9223372036854775807}, std::int64_t{1}) ==
               std::numeric_limits<std::int64_t>::min());
 static_assert(plait::prod{}(std::uint16_t{65535}, std::uint16_t{65535}) == 1);
@@ -105,9 +104,8 @@ static_assert(plait::has_finalize<plait::avg, std::uint8_t>);
 static_assert(!plait::has_finalize<plait::sum, float>);
 static_assert(!plait::has_finalize<absmax, float>);
 static_assert(plait::has_finalize<sum_of_squares_root, double>);
-static_assert(plait::op_id_v<plait::sum> == 1 && plait::op_id_v<plait::prod> == 2 &&
-              plait::op_id_v<plait::min> == 3 && plait::op_id_v<plait::max> == 4 &&
-              plait::op_id_v<plait::avg> == 5 && plait::op_id_v<plait::band> == 6 &&
+static_assert(plait::op_id_v<plait::sum> == 1 && plait::op_id_v<plait::prod> == 2 && plait::op_id_v<plait::min> == 3 &&
+              plait::op_id_v<plait::max> == 4 && plait::op_id_v<plait::avg> == 5 && plait::op_id_v<plait::band> == 6 &&
               plait::op_id_v<plait::bor> == 7 && plait::op_id_v<plait::bxor> == 8);
 static_assert(plait::op_id_v<absmax> == 255);
 static_assert(std::is_empty_v<plait::sum> && std::is_trivially_copyable_v<plait::avg>);
@@ -124,9 +122,9 @@ TEST_CASE("op names", "[ops]") {
   CHECK(std::string(plait::op_name_v<absmax>) == "user");
 }
 
-TEMPLATE_TEST_CASE("sum, prod, min, max and avg on every element type", "[ops]", float, double,
-                   std::int8_t, std::int16_t, std::int32_t, std::int64_t, std::uint8_t,
-                   std::uint16_t, std::uint32_t, std::uint64_t, half, bfloat16) {
+TEMPLATE_TEST_CASE("sum, prod, min, max and avg on every element type", "[ops]", float, double, std::int8_t,
+                   std::int16_t, std::int32_t, std::int64_t, std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t,
+                   half, bfloat16) {
   using T = TestType;
   CHECK(as_double(apply(plait::sum{}, v<T>(3), v<T>(4))) == 7.0);
   CHECK(as_double(apply(plait::prod{}, v<T>(3), v<T>(4))) == 12.0);
@@ -135,8 +133,7 @@ TEMPLATE_TEST_CASE("sum, prod, min, max and avg on every element type", "[ops]",
   CHECK(as_double(apply(plait::max{}, v<T>(3), v<T>(4))) == 4.0);
   CHECK(as_double(apply(plait::max{}, v<T>(4), v<T>(3))) == 4.0);
   CHECK(as_double(apply(plait::avg{}, v<T>(3), v<T>(5))) == 8.0);  // sum until finalize
-  CHECK(as_double(plait::from_compute<T>(plait::avg{}.finalize(plait::to_compute(v<T>(8)), 2))) ==
-        4.0);
+  CHECK(as_double(plait::from_compute<T>(plait::avg{}.finalize(plait::to_compute(v<T>(8)), 2))) == 4.0);
   CHECK(as_double(plait::from_compute<T>(plait::avg{}.finalize(plait::to_compute(v<T>(9)), 2))) ==
         (std::is_integral_v<T> ? 4.0 : 4.5));
   if constexpr (std::is_signed_v<plait::compute_t<T>>) {
@@ -173,8 +170,7 @@ TEST_CASE("avg finalize divides, integers truncating toward zero", "[ops]") {
   CHECK(op.finalize(std::uint64_t{0xffffffffffffffffu}, 5) == 0x3333333333333333u);
   CHECK(op.finalize(-7.0f, 2) == -3.5f);
   CHECK(op.finalize(1.0, 3) == 1.0 / 3.0);
-  CHECK(plait::from_compute<half>(op.finalize(plait::to_compute(half(3.0f)), 2)).bits ==
-        half(1.5f).bits);
+  CHECK(plait::from_compute<half>(op.finalize(plait::to_compute(half(3.0f)), 2)).bits == half(1.5f).bits);
 }
 
 TEMPLATE_TEST_CASE("min and max propagate NaN and order signed zeros", "[ops]", float, double) {
@@ -207,9 +203,8 @@ TEST_CASE("min and max on half and bfloat16 keep NaN through the store", "[ops]"
   CHECK(b.bits == 0xffc0);
 }
 
-TEMPLATE_TEST_CASE("band, bor and bxor on every integer type", "[ops]", std::int8_t, std::int16_t,
-                   std::int32_t, std::int64_t, std::uint8_t, std::uint16_t, std::uint32_t,
-                   std::uint64_t) {
+TEMPLATE_TEST_CASE("band, bor and bxor on every integer type", "[ops]", std::int8_t, std::int16_t, std::int32_t,
+                   std::int64_t, std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {
   using T = TestType;
   const T a = static_cast<T>(0x5c);  // 0101 1100
   const T b = static_cast<T>(0x36);  // 0011 0110

@@ -151,23 +151,19 @@ TEST_CASE("every half bit pattern survives half -> float -> half", "[types][half
   for (std::uint32_t b = 0; b < 0x10000u; ++b) {
     const auto in = static_cast<std::uint16_t>(b);
     const std::uint16_t out = half(static_cast<float>(half::from_bits(in))).bits;
-    const bool ok =
-        half_is_nan(in) ? half_is_nan(out) && (out & 0x8000) == (in & 0x8000) : out == in;
+    const bool ok = half_is_nan(in) ? half_is_nan(out) && (out & 0x8000) == (in & 0x8000) : out == in;
     if (!ok && ++failures <= 5) FAIL_CHECK("half 0x" << std::hex << b << " came back as 0x" << out);
   }
   CHECK(failures == 0);
 }
 
-TEST_CASE("every bfloat16 bit pattern survives bfloat16 -> float -> bfloat16",
-          "[types][bfloat16]") {
+TEST_CASE("every bfloat16 bit pattern survives bfloat16 -> float -> bfloat16", "[types][bfloat16]") {
   int failures = 0;
   for (std::uint32_t b = 0; b < 0x10000u; ++b) {
     const auto in = static_cast<std::uint16_t>(b);
     const std::uint16_t out = bfloat16(static_cast<float>(bfloat16::from_bits(in))).bits;
-    const bool ok =
-        bf16_is_nan(in) ? bf16_is_nan(out) && (out & 0x8000) == (in & 0x8000) : out == in;
-    if (!ok && ++failures <= 5)
-      FAIL_CHECK("bfloat16 0x" << std::hex << b << " came back as 0x" << out);
+    const bool ok = bf16_is_nan(in) ? bf16_is_nan(out) && (out & 0x8000) == (in & 0x8000) : out == in;
+    if (!ok && ++failures <= 5) FAIL_CHECK("bfloat16 0x" << std::hex << b << " came back as 0x" << out);
   }
   CHECK(failures == 0);
 }
@@ -214,13 +210,11 @@ TEST_CASE("half and bfloat16 rounding agree with a bit-level reference", "[types
     if (std::isnan(f)) continue;
     const std::uint16_t want_h = ref_half(u);
     const std::uint16_t lo = u & 0xffffu, hi = static_cast<std::uint16_t>(u >> 16);
-    const auto want_bf =
-        static_cast<std::uint16_t>(hi + ((lo > 0x8000u || (lo == 0x8000u && (hi & 1))) ? 1 : 0));
+    const auto want_bf = static_cast<std::uint16_t>(hi + ((lo > 0x8000u || (lo == 0x8000u && (hi & 1))) ? 1 : 0));
     if (h(f) != want_h && ++failures <= 5)
       FAIL_CHECK("half(float 0x" << std::hex << u << ") = 0x" << h(f) << ", want 0x" << want_h);
     if (bf(f) != want_bf && ++failures <= 5)
-      FAIL_CHECK("bfloat16(float 0x" << std::hex << u << ") = 0x" << bf(f) << ", want 0x"
-                                     << want_bf);
+      FAIL_CHECK("bfloat16(float 0x" << std::hex << u << ") = 0x" << bf(f) << ", want 0x" << want_bf);
   }
   CHECK(failures == 0);
 }

@@ -24,8 +24,8 @@ struct direct {
     const int n = p.size, r = p.rank;
     const std::size_t b = p.count;
     for_each_slice(b, p.slice_elems, [&](std::size_t off, std::size_t len) {
-      out.push_back(copy(region::input, static_cast<std::size_t>(r) * b + off,
-                         static_cast<std::size_t>(r) * b + off, len));
+      out.push_back(
+          copy(region::input, static_cast<std::size_t>(r) * b + off, static_cast<std::size_t>(r) * b + off, len));
     });
     for (int k = 1; k < n; ++k) {
       const int to = (r + k) % n, from = (r - k + n) % n;
@@ -47,9 +47,8 @@ struct direct {
 
   static detail::schedule recv_from(int peer, std::size_t count, std::size_t slice) {
     detail::schedule out;
-    detail::for_each_slice(count, slice, [&](std::size_t off, std::size_t len) {
-      out.push_back(detail::recv(peer, off, len));
-    });
+    detail::for_each_slice(count, slice,
+                           [&](std::size_t off, std::size_t len) { out.push_back(detail::recv(peer, off, len)); });
     return out;
   }
 };

@@ -76,9 +76,8 @@ struct tree {
   static detail::schedule reduce(const detail::schedule_params& p) {
     detail::schedule out;
     const node t = shape(p.rank, p.size, p.root);
-    detail::for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
-      out.push_back(up(t, off, len));
-    });
+    detail::for_each_slice(p.count, p.slice_elems,
+                           [&](std::size_t off, std::size_t len) { out.push_back(up(t, off, len)); });
     return out;
   }
 
@@ -96,9 +95,8 @@ struct tree {
     detail::schedule out;
     const node t = shape(p.rank, p.size, 0);
     std::vector<std::pair<std::size_t, std::size_t>> slices;
-    detail::for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
-      slices.emplace_back(off, len);
-    });
+    detail::for_each_slice(p.count, p.slice_elems,
+                           [&](std::size_t off, std::size_t len) { slices.emplace_back(off, len); });
     if (t.parent < 0) {  // the root reduces and starts the broadcast in one pass
       for (auto [off, len] : slices) {
         detail::step s = up(t, off, len);

@@ -50,8 +50,7 @@ request broadcast_impl(comm_core& core, std::span<T> buf, int root, call_options
 template <class Algo, class T, class Op>
 request reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op op, int root, call_options opt,
                     bool async) {
-  call_builder<T, Op> b(core, collective_kind::reduce, tree::id, op,
-                        root, out.size(), core.next_sequence(), opt);
+  call_builder<T, Op> b(core, collective_kind::reduce, tree::id, op, root, out.size(), core.next_sequence(), opt);
   b.require(root >= 0 && root < core.size(), "root is out of range [0, size())");
   b.require(in.size() == out.size(), "input and output must have the same number of elements on every rank");
   b.require(!overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()),
@@ -115,69 +114,72 @@ inline request barrier_impl(comm_core& core, call_options opt, bool async) {
 
 // ---- all_gather: full.size() == shard.size() * n ------------------------------
 template <class Algo = automatic, class Transport, class T>
-  requires element_type<T> && (std::same_as<Algo, automatic> || has_all_gather<Algo>)
-void all_gather(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> shard, std::span<T> full,
-                call_options opt = {}) {
+requires element_type<T> &&
+    (std::same_as<Algo, automatic> ||
+     has_all_gather<Algo>)void all_gather(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> shard,
+                                          std::span<T> full, call_options opt = {}) {
   detail::all_gather_impl<Algo>(comm.core(), shard, full, opt, false);
 }
 template <class Algo = automatic, class Transport, class T>
-  requires element_type<T> && (std::same_as<Algo, automatic> || has_all_gather<Algo>)
-[[nodiscard]] request all_gather_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> shard,
-                                       std::span<T> full, call_options opt = {}) {
+requires element_type<T> &&(std::same_as<Algo, automatic> || has_all_gather<Algo>) [[nodiscard]] request
+    all_gather_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> shard, std::span<T> full,
+                     call_options opt = {}) {
   return detail::all_gather_impl<Algo>(comm.core(), shard, full, opt, true);
 }
 
 // ---- reduce_scatter: full.size() == shard.size() * n --------------------------
 template <class Algo = automatic, class Transport, class T, class Op>
-  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_reduce_scatter<Algo>)
-void reduce_scatter(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> full, std::span<T> shard,
-                    Op op, call_options opt = {}) {
+requires reduce_op<Op, T> &&
+    (std::same_as<Algo, automatic> ||
+     has_reduce_scatter<Algo>)void reduce_scatter(communicator<Transport>& comm,
+                                                  std::type_identity_t<std::span<const T>> full, std::span<T> shard,
+                                                  Op op, call_options opt = {}) {
   detail::reduce_scatter_impl<Algo>(comm.core(), full, shard, op, opt, false);
 }
 template <class Algo = automatic, class Transport, class T, class Op>
-  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_reduce_scatter<Algo>)
-[[nodiscard]] request reduce_scatter_async(communicator<Transport>& comm,
-                                           std::type_identity_t<std::span<const T>> full, std::span<T> shard, Op op,
-                                           call_options opt = {}) {
+requires reduce_op<Op, T> &&(std::same_as<Algo, automatic> || has_reduce_scatter<Algo>) [[nodiscard]] request
+    reduce_scatter_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> full,
+                         std::span<T> shard, Op op, call_options opt = {}) {
   return detail::reduce_scatter_impl<Algo>(comm.core(), full, shard, op, opt, true);
 }
 
 // ---- broadcast (in place) ------------------------------------------------------
 template <class Algo = automatic, class Transport, class T>
-  requires element_type<T> && (std::same_as<Algo, automatic> || has_broadcast<Algo>)
-void broadcast(communicator<Transport>& comm, std::span<T> buf, int root, call_options opt = {}) {
+requires element_type<T> &&(std::same_as<Algo, automatic> ||
+                            has_broadcast<Algo>)void broadcast(communicator<Transport>& comm, std::span<T> buf,
+                                                               int root, call_options opt = {}) {
   detail::broadcast_impl<Algo>(comm.core(), buf, root, opt, false);
 }
 template <class Algo = automatic, class Transport, class T>
-  requires element_type<T> && (std::same_as<Algo, automatic> || has_broadcast<Algo>)
-[[nodiscard]] request broadcast_async(communicator<Transport>& comm, std::span<T> buf, int root,
-                                      call_options opt = {}) {
+requires element_type<T> &&(std::same_as<Algo, automatic> || has_broadcast<Algo>) [[nodiscard]] request
+    broadcast_async(communicator<Transport>& comm, std::span<T> buf, int root, call_options opt = {}) {
   return detail::broadcast_impl<Algo>(comm.core(), buf, root, opt, true);
 }
 
 // ---- reduce: out has count elements everywhere; only the root's is written -----
 template <class Algo = automatic, class Transport, class T, class Op>
-  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_reduce<Algo>)
-void reduce(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op,
-            int root, call_options opt = {}) {
+requires reduce_op<Op, T> &&
+    (std::same_as<Algo, automatic> ||
+     has_reduce<Algo>)void reduce(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in,
+                                  std::span<T> out, Op op, int root, call_options opt = {}) {
   detail::reduce_impl<Algo>(comm.core(), in, out, op, root, opt, false);
 }
 template <class Algo = automatic, class Transport, class T, class Op>
-  requires reduce_op<Op, T> && (std::same_as<Algo, automatic> || has_reduce<Algo>)
-[[nodiscard]] request reduce_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in,
-                                   std::span<T> out, Op op, int root, call_options opt = {}) {
+requires reduce_op<Op, T> &&(std::same_as<Algo, automatic> || has_reduce<Algo>) [[nodiscard]] request
+    reduce_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op,
+                 int root, call_options opt = {}) {
   return detail::reduce_impl<Algo>(comm.core(), in, out, op, root, opt, true);
 }
 
 // ---- all_to_all: in/out hold n equal blocks ------------------------------------
 template <class Transport, class T>
-  requires element_type<T>
+requires element_type<T>
 void all_to_all(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out,
                 call_options opt = {}) {
   detail::all_to_all_impl(comm.core(), in, out, opt, false);
 }
 template <class Transport, class T>
-  requires element_type<T>
+requires element_type<T>
 [[nodiscard]] request all_to_all_async(communicator<Transport>& comm, std::type_identity_t<std::span<const T>> in,
                                        std::span<T> out, call_options opt = {}) {
   return detail::all_to_all_impl(comm.core(), in, out, opt, true);
@@ -185,22 +187,22 @@ template <class Transport, class T>
 
 // ---- send / recv (T may be const for send) -------------------------------------
 template <class Transport, class T>
-  requires element_type<std::remove_const_t<T>>
+requires element_type<std::remove_const_t<T>>
 void send(communicator<Transport>& comm, std::span<T> data, int peer, call_options opt = {}) {
   detail::send_impl(comm.core(), std::span<const std::remove_const_t<T>>(data), peer, opt, false);
 }
 template <class Transport, class T>
-  requires element_type<std::remove_const_t<T>>
+requires element_type<std::remove_const_t<T>>
 [[nodiscard]] request send_async(communicator<Transport>& comm, std::span<T> data, int peer, call_options opt = {}) {
   return detail::send_impl(comm.core(), std::span<const std::remove_const_t<T>>(data), peer, opt, true);
 }
 template <class Transport, class T>
-  requires element_type<T>
+requires element_type<T>
 void recv(communicator<Transport>& comm, std::span<T> data, int peer, call_options opt = {}) {
   detail::recv_impl(comm.core(), data, peer, opt, false);
 }
 template <class Transport, class T>
-  requires element_type<T>
+requires element_type<T>
 [[nodiscard]] request recv_async(communicator<Transport>& comm, std::span<T> data, int peer, call_options opt = {}) {
   return detail::recv_impl(comm.core(), data, peer, opt, true);
 }

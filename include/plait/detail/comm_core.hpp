@@ -38,7 +38,10 @@ struct comm_config {
 class comm_core {
  public:
   comm_core(int rank, int size, comm_config cfg)
-      : rank_(rank), size_(size), cfg_(cfg), p2p_sent_(static_cast<std::size_t>(size), 0),
+      : rank_(rank),
+        size_(size),
+        cfg_(cfg),
+        p2p_sent_(static_cast<std::size_t>(size), 0),
         p2p_received_(static_cast<std::size_t>(size), 0) {
     const unsigned cores = std::thread::hardware_concurrency();
     // Oversubscribed (more ranks than cores on this host is likely): do not spin.
@@ -237,9 +240,7 @@ class comm_core {
     for (;;) {
       {
         std::unique_lock lock(worker_mutex_);
-        worker_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
-          return stopping_.load() || has_active();
-        });
+        worker_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping_.load() || has_active(); });
         if (stopping_.load()) return;
       }
       if (!has_active()) continue;

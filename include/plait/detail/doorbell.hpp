@@ -25,8 +25,7 @@ struct doorbell_word {
 };
 
 inline void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr,
-            nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
 inline void futex_wait_for(std::atomic<std::uint32_t>* word, std::uint32_t expected,

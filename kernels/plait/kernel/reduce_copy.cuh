@@ -56,11 +56,9 @@ struct device_fan {
 // destination count stays a runtime value (uniform across the grid: no divergence), which
 // keeps the number of kernels per (T, Op) at six.
 template <int NSRC, bool Finalize, class T, class Op>
-PLAIT_KERNEL_ATTRIBUTES void reduce_copy_kernel(Op op, device_fan<T> fan, std::size_t count,
-                                                int finalize_n) {
+PLAIT_KERNEL_ATTRIBUTES void reduce_copy_kernel(Op op, device_fan<T> fan, std::size_t count, int finalize_n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     compute_t<T> v = to_compute(fan.src[0][i]);
 #pragma unroll
     for (int k = 1; k < NSRC; ++k) v = op(v, to_compute(fan.src[k][i]));
@@ -73,8 +71,8 @@ PLAIT_KERNEL_ATTRIBUTES void reduce_copy_kernel(Op op, device_fan<T> fan, std::s
 }
 
 template <bool Finalize, class T, class Op>
-cudaError_t launch_reduce_copy(const Op& op, const device_fan<T>& fan, int nsrc, std::size_t count,
-                               int finalize_n, cudaStream_t stream) {
+cudaError_t launch_reduce_copy(const Op& op, const device_fan<T>& fan, int nsrc, std::size_t count, int finalize_n,
+                               cudaStream_t stream) {
   // A grid-stride loop: enough blocks to fill the device several times over, no more,
   // so that large counts do not pay for launching millions of blocks.
   constexpr unsigned threads = 256;
@@ -98,9 +96,9 @@ cudaError_t launch_reduce_copy(const Op& op, const device_fan<T>& fan, int nsrc,
 }  // namespace detail
 
 template <class T, class Op>
-  requires reduce_op<Op, T>
-cudaError_t reduce_copy_device(const Op& op, const T* const* srcs, int nsrc, T* const* dsts,
-                               int ndst, std::size_t count, int finalize_n, cudaStream_t stream) {
+requires reduce_op<Op, T> cudaError_t reduce_copy_device(const Op& op, const T* const* srcs, int nsrc, T* const* dsts,
+                                                         int ndst, std::size_t count, int finalize_n,
+                                                         cudaStream_t stream) {
   if (srcs == nullptr || nsrc < 1 || nsrc > detail::device_max_sources || ndst < 0 ||
       ndst > detail::device_max_destinations || (ndst > 0 && dsts == nullptr))
     return cudaErrorInvalidValue;
@@ -110,8 +108,7 @@ cudaError_t reduce_copy_device(const Op& op, const T* const* srcs, int nsrc, T* 
   if (nsrc == 1 && !finalize) {
     for (int k = 0; k < ndst; ++k) {
       if (dsts[k] == srcs[0]) continue;
-      const cudaError_t e =
-          cudaMemcpyAsync(dsts[k], srcs[0], count * sizeof(T), cudaMemcpyDefault, stream);
+      const cudaError_t e = cudaMemcpyAsync(dsts[k], srcs[0], count * sizeof(T), cudaMemcpyDefault, stream);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;

@@ -71,11 +71,10 @@ inline constexpr std::size_t block_elems = 64;
 
 // One block of `len` elements starting at `base`. Len is std::integral_constant for
 // full blocks (constant trip count) and std::size_t for the tail.
-template <bool Finalize, class T, class Op, std::size_t NSRC, std::size_t NDST, std::size_t... K,
-          std::size_t... D, class Len>
-PLAIT_FORCE_INLINE void reduce_copy_block(const Op& op, const T* const (&s)[NSRC],
-                                          T* const (&d)[NDST], std::size_t base, Len len,
-                                          int finalize_n, std::index_sequence<K...>,
+template <bool Finalize, class T, class Op, std::size_t NSRC, std::size_t NDST, std::size_t... K, std::size_t... D,
+          class Len>
+PLAIT_FORCE_INLINE void reduce_copy_block(const Op& op, const T* const (&s)[NSRC], T* const (&d)[NDST],
+                                          std::size_t base, Len len, int finalize_n, std::index_sequence<K...>,
                                           std::index_sequence<D...>) noexcept {
   const std::size_t n = len;
   // The inner loop: kernels/check_vectorized.py fails the build if it is not vectorised.
@@ -92,8 +91,7 @@ PLAIT_FORCE_INLINE void reduce_copy_block(const Op& op, const T* const (&s)[NSRC
 
 // The inner loop for a fan-in/fan-out known at compile time.
 template <std::size_t NSRC, std::size_t NDST, bool Finalize, class T, class Op>
-void reduce_copy_n(const Op& op, const T* const* srcs, T* const* dsts, std::size_t count,
-                   int finalize_n) noexcept {
+void reduce_copy_n(const Op& op, const T* const* srcs, T* const* dsts, std::size_t count, int finalize_n) noexcept {
   static_assert(NSRC >= 1 && NSRC <= max_sources && NDST >= 1 && NDST <= max_destinations);
   const T* s[NSRC];
   T* d[NDST];
@@ -103,36 +101,37 @@ void reduce_copy_n(const Op& op, const T* const* srcs, T* const* dsts, std::size
   constexpr auto ds = std::make_index_sequence<NDST>{};
   std::size_t i = 0;
   for (; count - i >= block_elems; i += block_elems)
-    reduce_copy_block<Finalize>(op, s, d, i, std::integral_constant<std::size_t, block_elems>{},
-                                finalize_n, ks, ds);
+    reduce_copy_block<Finalize>(op, s, d, i, std::integral_constant<std::size_t, block_elems>{}, finalize_n, ks, ds);
   if (i < count) reduce_copy_block<Finalize>(op, s, d, i, count - i, finalize_n, ks, ds);
 }
 
 template <std::size_t NSRC, bool Finalize, class T, class Op>
-void reduce_copy_dispatch_dst(const Op& op, const T* const* srcs, T* const* dsts, std::size_t ndst,
-                              std::size_t count, int finalize_n) noexcept {
+void reduce_copy_dispatch_dst(const Op& op, const T* const* srcs, T* const* dsts, std::size_t ndst, std::size_t count,
+                              int finalize_n) noexcept {
   switch (ndst) {
-    case 1: return reduce_copy_n<NSRC, 1, Finalize>(op, srcs, dsts, count, finalize_n);
-    case 2: return reduce_copy_n<NSRC, 2, Finalize>(op, srcs, dsts, count, finalize_n);
-    case 3: return reduce_copy_n<NSRC, 3, Finalize>(op, srcs, dsts, count, finalize_n);
-    default: bad_fan(NSRC, ndst);
+    case 1:
+      return reduce_copy_n<NSRC, 1, Finalize>(op, srcs, dsts, count, finalize_n);
+    case 2:
+      return reduce_copy_n<NSRC, 2, Finalize>(op, srcs, dsts, count, finalize_n);
+    case 3:
+      return reduce_copy_n<NSRC, 3, Finalize>(op, srcs, dsts, count, finalize_n);
+    default:
+      bad_fan(NSRC, ndst);
   }
 }
 
 template <bool Finalize, class T, class Op>
-void reduce_copy_dispatch(const Op& op, std::span<const T* const> srcs, std::span<T* const> dsts,
-                          std::size_t count, int finalize_n) noexcept {
+void reduce_copy_dispatch(const Op& op, std::span<const T* const> srcs, std::span<T* const> dsts, std::size_t count,
+                          int finalize_n) noexcept {
   switch (srcs.size()) {
     case 1:
-      return reduce_copy_dispatch_dst<1, Finalize>(op, srcs.data(), dsts.data(), dsts.size(), count,
-                                                   finalize_n);
+      return reduce_copy_dispatch_dst<1, Finalize>(op, srcs.data(), dsts.data(), dsts.size(), count, finalize_n);
     case 2:
-      return reduce_copy_dispatch_dst<2, Finalize>(op, srcs.data(), dsts.data(), dsts.size(), count,
-                                                   finalize_n);
+      return reduce_copy_dispatch_dst<2, Finalize>(op, srcs.data(), dsts.data(), dsts.size(), count, finalize_n);
     case 3:
-      return reduce_copy_dispatch_dst<3, Finalize>(op, srcs.data(), dsts.data(), dsts.size(), count,
-                                                   finalize_n);
-    default: bad_fan(srcs.size(), dsts.size());
+      return reduce_copy_dispatch_dst<3, Finalize>(op, srcs.data(), dsts.data(), dsts.size(), count, finalize_n);
+    default:
+      bad_fan(srcs.size(), dsts.size());
   }
 }
 
@@ -141,9 +140,9 @@ void reduce_copy_dispatch(const Op& op, std::span<const T* const> srcs, std::spa
 // finalize_n: 0 for no finalize step; otherwise the n passed to op.finalize (the number
 // of ranks for avg), applied only when Op has a finalize for T.
 template <class T, class Op>
-  requires reduce_op<Op, T>
-void reduce_copy(const Op& op, std::span<const T* const> srcs, std::span<T* const> dsts,
-                 std::size_t count, int finalize_n) noexcept {
+requires reduce_op<Op, T>
+void reduce_copy(const Op& op, std::span<const T* const> srcs, std::span<T* const> dsts, std::size_t count,
+                 int finalize_n) noexcept {
   if (srcs.empty() || srcs.size() > max_sources || dsts.size() > max_destinations)
     detail::bad_fan(srcs.size(), dsts.size());
   if (count == 0 || dsts.empty()) return;

@@ -116,8 +116,8 @@ struct sim {
   static constexpr transport_traits traits{.device_memory = false, .one_sided = true, .zero_copy = true};
   static constexpr std::string_view name = "sim";
 
-  static std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::doorbell& bell, const link_config& cfg,
-                                           std::span<const int>) {
+  static std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::doorbell& bell,
+                                           const link_config& cfg, std::span<const int>) {
     auto f = detail_sim::find_or_make(ctx.job_key(), ctx.size(), cfg.slot_bytes, cfg.depth);
     f->bells[static_cast<std::size_t>(ctx.rank())].store(bell.word());
     auto l = std::make_unique<detail_sim::links>(f, ctx.rank());
