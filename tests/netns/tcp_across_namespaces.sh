@@ -21,7 +21,7 @@ ip -n "$a" link set lo up && ip -n "$b" link set lo up
 
 export PLAIT_WORLD_SIZE=2 PLAIT_STORE=192.0.2.1:29517 PLAIT_TOKEN=netns-test-token-0123456789abcdef PLAIT_TIMEOUT=30
 out=$(mktemp)
-PLAIT_RANK=0 PLAIT_ADDR=192.0.2.1 timeout 120 ip netns exec "$a" "$bench" -t tcp -b 8 -e 4M -f 8 -w 1 -n 3 >"$out" 2>&1 &
+PLAIT_RANK=0 PLAIT_ADDR=192.0.2.1 timeout 120 ip netns exec "$a" "$bench" -t tcp -b 8 -e 4M -f 8 -w 1 -n 3 >"$out" 2>/dev/null &
 p0=$!
 PLAIT_RANK=1 PLAIT_ADDR=192.0.2.2 timeout 120 ip netns exec "$b" "$bench" -t tcp -b 8 -e 4M -f 8 -w 1 -n 3 >/dev/null 2>&1
 s1=$?
