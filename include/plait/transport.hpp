@@ -70,6 +70,13 @@ class bootstrap_context {
   virtual std::string job_key() const = 0;
 };
 
+// Why a rank closes its links, carried to its peers so that a failure cascading
+// through ranks that only wait on each other still names its first cause.
+struct close_reason {
+  errc code = errc::aborted;  // aborted: finished, destroyed or aborted; peer_lost: it lost `culprit`
+  int culprit = -1;           // the rank blamed, or -1 for the closing rank itself
+};
+
 struct link_config {
   std::size_t slot_bytes = 0;  // payload capacity of one slot
   std::size_t depth = 0;       // slots per FIFO
@@ -104,8 +111,10 @@ class link_set {
   // Throws plait::error if the link to `peer` has failed (dead peer, protocol error).
   virtual void health(int peer) = 0;
 
-  // Best effort, never throws: tell every peer this rank is going away or has failed.
-  virtual void close() noexcept = 0;
+  // Best effort, never throws: tell every peer this rank is going away or has failed,
+  // and why. A peer that still waits on this rank reports peer_lost naming
+  // why.culprit when it is set (this rank lost that one), else this rank.
+  virtual void close(close_reason why = {}) noexcept = 0;
 };
 
 template <class T>

@@ -153,3 +153,21 @@ TEST_CASE("isend then blocking recv on a ring does not deadlock (per-pair orderi
   });
   for (auto& e : errors) CHECK(e == "");
 }
+
+TEST_CASE("a rank that leaves mid-job is named by every rank still waiting, also through others", "[sim][peer_lost]") {
+  const int n = 5, gone = 2;
+  auto errors = on_threads(n, "sim-cascade", [&](comm_t& c, std::string& err) {
+    if (c.rank() == gone) return;  // destroys its communicator: its links close
+    try {
+      std::vector<float> v(1 << 16, 1.0f);
+      for (int i = 0; i < 1000; ++i) plait::all_reduce<plait::ring>(c, std::span<float>(v), plait::sum{});
+      err = "no error although rank 2 left";
+    } catch (const plait::error& e) {
+      if (e.code() != plait::errc::peer_lost || e.peer() != gone) err = e.what();
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[static_cast<std::size_t>(r)] == "");
+  }
+}

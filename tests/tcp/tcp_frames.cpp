@@ -304,7 +304,10 @@ TEST_CASE("tcp close() announces the slots still to come, sends them as credits 
   t.links->close();
   const auto c = t.receive<control_frame>();
   REQUIRE(c.type == control_type::closing);
-  REQUIRE(c.value == 1);  // slot 3 still waits for a credit
+  const auto info = plait::transport::tcp_detail::decode_closing(c.value);
+  REQUIRE(info.remaining == 1);              // slot 3 still waits for a credit
+  CHECK(info.code == plait::errc::aborted);  // a plain close() blames nobody else
+  CHECK(info.culprit == -1);
   CHECK(t.silent_for(50ms));
   t.send_control(control_type::credit, 1);
   REQUIRE(t.receive<slot_header>().desc.sequence == 3);

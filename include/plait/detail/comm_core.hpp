@@ -214,6 +214,8 @@ class comm_core {
     const call_desc d = active_.empty() ? call_desc{} : active_.front()->c->desc;
     if (e.code() == errc::mismatch || e.code() == errc::protocol)
       ex.send_notice(d, clock::now() + std::chrono::milliseconds(200), e.peer() >= 0 ? e.peer() : rank_, e.code());
+    else if (e.code() == errc::peer_lost)
+      links_->close({errc::peer_lost, e.peer()});  // peers waiting on this rank learn whom it lost
     else if (e.code() != errc::timeout)
       links_->close();  // peers waiting on this rank learn at once instead of timing out
   }

@@ -31,9 +31,9 @@ class links final : public link_set {
   slot_view peek(int peer) override { return at(peer)->peek(peer); }
   void release(int peer) override { at(peer)->release(peer); }
   void health(int peer) override { at(peer)->health(peer); }
-  void close() noexcept override {
-    if (local_) local_->close();
-    if (remote_) remote_->close();
+  void close(close_reason why = {}) noexcept override {
+    if (local_) local_->close(why);
+    if (remote_) remote_->close(why);
   }
 
  private:

@@ -165,6 +165,14 @@ class shm_link_set final : public link_set {
     // Gone, but not in the way: a slot of its is still to be read and the FIFO to it has room.
     if (refresh_in(l) && acquire(peer) != nullptr) return;
     std::string what = "shm: rank " + std::to_string(peer) + " (pid " + std::to_string(watch_.pid(i)) + ") ";
+    if (closed && l.peer_hdr->close_code == static_cast<std::int32_t>(errc::peer_lost) &&
+        l.peer_hdr->close_culprit >= 0 && l.peer_hdr->close_culprit != rank_) {
+      const int culprit = l.peer_hdr->close_culprit;
+      fail(l, error(errc::peer_lost,
+                    "shm: rank " + std::to_string(peer) + " lost rank " + std::to_string(culprit) +
+                        " and closed its links; look at rank " + std::to_string(culprit) + " for the cause",
+                    rank_, culprit));
+    }
     if (closed) {
       char reason[reason_bytes + 1] = {};
       std::memcpy(reason, l.peer_hdr->reason, reason_bytes);
@@ -177,11 +185,13 @@ class shm_link_set final : public link_set {
     fail(l, error(errc::peer_lost, what, rank_, peer));
   }
 
-  void close() noexcept override {
+  void close(close_reason why = {}) noexcept override {
     if (closed_) return;
     closed_ = true;
     if (own_.base() != nullptr) {
       segment_header* h = own_.header();
+      h->close_code = static_cast<std::int32_t>(why.code);
+      h->close_culprit = why.culprit;
       const char reason[] = "communicator destroyed or aborted, or connect failed";
       static_assert(sizeof reason <= reason_bytes);
       std::memcpy(h->reason, reason, sizeof reason);

@@ -64,6 +64,8 @@ struct segment_header {
   alignas(false_sharing_span) plait::detail::doorbell_word bell;
   // Set once by the owner's close(): peers report peer_lost naming the owner.
   alignas(false_sharing_span) std::atomic<std::uint32_t> closed{0};
+  std::int32_t close_code = 0;      // plait::errc of the close_reason (written before `closed`)
+  std::int32_t close_culprit = -1;  // rank the owner blames (it lost that rank), or -1
   char reason[reason_bytes] = {};
 };
 

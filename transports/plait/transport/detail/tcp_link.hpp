@@ -133,7 +133,7 @@ class tcp_link {
       if (arrived_.load(std::memory_order_acquire) != released_local_) return;
     }
     std::lock_guard lock(mutex_);
-    throw error(code_, why_, rank_, peer_);
+    throw error(code_, why_, rank_, blame_);
   }
 
   link_state state() const noexcept { return state_.load(std::memory_order_acquire); }
@@ -160,7 +160,10 @@ class tcp_link {
   }
 
   // Starts the end of this link: announce what is still to come, send it, then FIN.
-  void begin_close() noexcept { closing_ = true; }
+  void begin_close(close_reason why) noexcept {
+    close_why_ = why;
+    closing_ = true;
+  }
 
   // Writes control frames and posted slots the credits allow; true when a send slot freed.
   bool pump_tx() {
@@ -338,16 +341,23 @@ class tcp_link {
         return true;
       case control_type::closing: {
         if (state_.load(std::memory_order_relaxed) != link_state::ok) return garbage("a second closing frame"), false;
-        if (c.value > depth_)
-          return garbage("a closing frame announcing " + std::to_string(c.value) + " more slots (depth is " +
+        const closing_info info = decode_closing(c.value);
+        if (info.remaining > depth_)
+          return garbage("a closing frame announcing " + std::to_string(info.remaining) + " more slots (depth is " +
                          std::to_string(depth_) + ")"),
                  false;
         std::lock_guard lock(mutex_);
         code_ = errc::peer_lost;
-        why_ = who() +
-               " closed its connection (it finished and destroyed its communicator, or it aborted or "
-               "failed: see its own output) while this rank still needs it";
-        remaining_.store(c.value, std::memory_order_release);
+        if (info.code == errc::peer_lost && info.culprit >= 0 && info.culprit != rank_) {
+          blame_ = info.culprit;
+          why_ = who() + " lost rank " + std::to_string(info.culprit) + " and closed its connection; look at rank " +
+                 std::to_string(info.culprit) + " for the cause";
+        } else {
+          why_ = who() +
+                 " closed its connection (it finished and destroyed its communicator, or it aborted or "
+                 "failed: see its own output) while this rank still needs it";
+        }
+        remaining_.store(info.remaining, std::memory_order_release);
         state_.store(link_state::closed, std::memory_order_release);
         return true;
       }
@@ -370,7 +380,7 @@ class tcp_link {
     if (closing_) {
       if (!closing_sent_) {
         posted_limit_ = posted_.load(std::memory_order_acquire);
-        append_control(control_type::closing, posted_limit_ - sent_local_);
+        append_control(control_type::closing, encode_closing(posted_limit_ - sent_local_, close_why_));
         closing_sent_ = true;
       }
       return;  // no credits after closing: this rank reads no more slots
@@ -431,6 +441,8 @@ class tcp_link {
   mutable std::mutex mutex_;
   errc code_ = errc::peer_lost;
   std::string why_;
+  int blame_ = peer_;         // the rank health() names: the peer, or the rank it lost
+  close_reason close_why_{};  // what this rank's closing frame tells the peer
 
   // Executor only.
   alignas(64) std::uint64_t posted_local_ = 0;

@@ -111,7 +111,9 @@ class tcp_link_set final : public link_set {
     l.health();
   }
 
-  void close() noexcept override {
+  void close(close_reason why = {}) noexcept override {
+    close_code_.store(static_cast<int>(why.code), std::memory_order_relaxed);
+    close_culprit_.store(why.culprit, std::memory_order_relaxed);
     if (close_requested_.exchange(true, std::memory_order_seq_cst)) return;
     kick();
   }
@@ -164,7 +166,9 @@ class tcp_link_set final : public link_set {
     while (!stop_.load(std::memory_order_acquire)) {
       if (!closing && close_requested_.load(std::memory_order_acquire)) {
         closing = true;
-        for (auto& l : links_) l->begin_close();
+        const close_reason why{static_cast<errc>(close_code_.load(std::memory_order_relaxed)),
+                               close_culprit_.load(std::memory_order_relaxed)};
+        for (auto& l : links_) l->begin_close(why);
       }
       bool news = false;
       for (std::size_t i = 0; i < links_.size(); ++i) {
@@ -218,6 +222,8 @@ class tcp_link_set final : public link_set {
   std::vector<pollfd> pollfds_;  // progress thread only; [0] is the eventfd
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> close_requested_{false};
+  std::atomic<int> close_code_{static_cast<int>(errc::aborted)};
+  std::atomic<int> close_culprit_{-1};
   std::atomic<bool> settled_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include <plait/transport.hpp>
 #include <plait/wire.hpp>
 
 namespace plait::transport::tcp_detail {
@@ -40,6 +41,26 @@ struct control_frame {
   std::uint64_t value = 0;
 };
 static_assert(sizeof(control_frame) == 16);
+
+// A closing frame's value: the data frames still to come (low 32 bits), the
+// plait::errc of the closer's close_reason (bits 32..39) and its culprit + 1 (bits 40..63).
+struct closing_info {
+  std::uint64_t remaining = 0;
+  errc code = errc::aborted;
+  int culprit = -1;
+};
+inline std::uint64_t encode_closing(std::uint64_t remaining, close_reason why) noexcept {
+  const auto code = static_cast<std::uint64_t>(static_cast<std::uint8_t>(why.code));
+  const auto culprit = static_cast<std::uint64_t>(why.culprit < 0 ? 0 : why.culprit + 1) & 0xffffffu;
+  return (remaining & 0xffffffffu) | (code << 32) | (culprit << 40);
+}
+inline closing_info decode_closing(std::uint64_t v) noexcept {
+  closing_info i;
+  i.remaining = v & 0xffffffffu;
+  i.code = static_cast<errc>((v >> 32) & 0xffu);
+  i.culprit = static_cast<int>(v >> 40) - 1;
+  return i;
+}
 
 struct tcp_hello {
   std::uint32_t magic = hello_magic;
