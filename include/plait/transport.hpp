@@ -58,6 +58,15 @@ class bootstrap_context {
   virtual void put(std::string_view key, std::span<const std::byte> value) = 0;
   // Blocks until key is present or the deadline passes (timeout naming the key).
   virtual std::vector<std::byte> get(std::string_view key, clock::time_point deadline) = 0;
+  // The value if key is present now, else nothing; never waits for the key.
+  virtual std::optional<std::vector<std::byte>> try_get(std::string_view key) {
+    try {
+      return get(key, clock::now() + std::chrono::milliseconds(1));
+    } catch (const error& e) {
+      if (e.code() != errc::timeout) throw;
+      return std::nullopt;
+    }
+  }
   // All ranks reach the named point, or timeout naming the ranks still missing.
   virtual void barrier(std::string_view name, clock::time_point deadline) = 0;
   // The shared secret all connections authenticate with (HMAC-SHA256 key).

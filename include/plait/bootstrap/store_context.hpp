@@ -87,6 +87,19 @@ class store_context final : public bootstrap_context {
     }
   }
 
+  std::optional<std::vector<std::byte>> try_get(std::string_view key) override {
+    if (!client_) {
+      auto it = local_.find(scoped(key));
+      if (it == local_.end()) return std::nullopt;
+      return it->second;
+    }
+    try {
+      return client_->try_get(scoped(key), clock::now() + op_timeout_);
+    } catch (const error& e) {
+      throw error(e.code(), e.message(), info_.rank);
+    }
+  }
+
   void barrier(std::string_view name, clock::time_point deadline) override {
     if (!client_) return;
     // Each use of a name is its own round, so a name may be reused.

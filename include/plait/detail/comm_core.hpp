@@ -158,6 +158,7 @@ class comm_core {
     for (;;) {
       const std::uint32_t seen = bell_.snapshot();
       clock::time_point next_deadline = clock::time_point::max();
+      std::optional<call_desc> stuck;
       {
         std::lock_guard lock(engine_mutex_);
         const auto now = clock::now();
@@ -166,13 +167,69 @@ class comm_core {
         drive_once(now, health);
         if (done()) return;
         for (auto& f : active_) next_deadline = std::min(next_deadline, f->c->deadline);
+        stuck = stalled_call(now);
       }
+      if (stuck) diagnose(*stuck);
       const auto now = clock::now();
       auto bound = std::chrono::duration_cast<std::chrono::nanoseconds>(executor::max_sleep);
       if (next_deadline != clock::time_point::max() && next_deadline - now < bound)
         bound = std::max(std::chrono::nanoseconds(0), std::chrono::nanoseconds(next_deadline - now));
       bell_.wait(seen, bound);
     }
+  }
+
+  // The oldest call in flight, if it has not moved for a while (holds engine_mutex_).
+  std::optional<call_desc> stalled_call(clock::time_point now) {
+    if (active_.empty() || ctx_ == nullptr) return std::nullopt;
+    const call& c = *active_.front()->c;
+    if (c.desc.sequence != stall_sequence_ || c.desc.kind != stall_kind_ || c.next != stall_step_) {
+      stall_sequence_ = c.desc.sequence;
+      stall_kind_ = c.desc.kind;
+      stall_step_ = c.next;
+      stall_since_ = now;
+      return std::nullopt;
+    }
+    const auto patience = std::min<std::chrono::nanoseconds>(std::chrono::seconds(1), cfg_.timeout / 3);
+    if (c.desc.kind == collective_kind::point_to_point || now - stall_since_ < patience) return std::nullopt;
+    return c.desc;
+  }
+
+  // Nothing moves: maybe no rank sends because they disagree on the call (a broadcast
+  // whose root differs between ranks sends nothing anyone expects). Each stalled rank
+  // publishes the call it is in through the store and compares with the others': a
+  // different call under the same sequence number is a mismatch, found out of band,
+  // with no cost while data flows.
+  void diagnose(const call_desc& mine) {
+    std::unique_lock guard(diag_mutex_, std::try_to_lock);
+    if (!guard.owns_lock() || clock::now() - last_diagnosis_ < std::chrono::milliseconds(200)) return;
+    last_diagnosis_ = clock::now();
+    std::optional<error> found;
+    try {
+      ctx_->put("stalled/" + std::to_string(rank_), std::as_bytes(std::span(&mine, 1)));
+      for (int p = 0; p < size_ && !found; ++p) {
+        if (p == rank_) continue;
+        auto got = ctx_->try_get("stalled/" + std::to_string(p));
+        if (!got || got->size() != sizeof(call_desc)) continue;
+        call_desc theirs;
+        std::memcpy(&theirs, got->data(), sizeof theirs);
+        if (theirs.sequence == mine.sequence && !(theirs == mine))
+          found = error(errc::mismatch,
+                        "this rank called " + std::string(to_string(mine.kind)) + " but rank " + std::to_string(p) +
+                            " called " + to_string(theirs.kind) + " as collective #" + std::to_string(mine.sequence) +
+                            ": " + describe_difference(mine, theirs) +
+                            " (found while both waited for data that neither was going to send); every rank must "
+                            "issue the same collectives in the same order with the same arguments",
+                        rank_, p, mine.sequence);
+      }
+    } catch (const error&) {
+      return;  // the store is unreachable: the call's own deadline still holds
+    }
+    if (!found) return;
+    std::lock_guard lock(engine_mutex_);
+    if (active_.empty() || active_.front()->c->desc.sequence != mine.sequence) return;  // it moved meanwhile
+    executor ex(rank_, size_, links_.get(), bell_, aborted_);
+    on_failure(ex, *found);
+    fail_all(std::make_exception_ptr(*found));
   }
 
   // Waits until every call issued so far has finished (successfully or not).
@@ -282,6 +339,12 @@ class comm_core {
 
   std::mutex engine_mutex_;  // held while driving calls; guards active_
   std::deque<std::shared_ptr<flight>> active_;
+  std::mutex diag_mutex_;  // one stall diagnosis at a time
+  clock::time_point last_diagnosis_{};
+  std::uint64_t stall_sequence_ = 0;  // the oldest call in flight when it last moved (engine_mutex_)
+  collective_kind stall_kind_ = collective_kind::none;
+  std::size_t stall_step_ = 0;
+  clock::time_point stall_since_{};
   std::mutex worker_mutex_;
   std::condition_variable worker_cv_;
   std::atomic<bool> stopping_{false};
