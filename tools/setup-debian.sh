@@ -2,6 +2,8 @@
 # Installs what building and testing plait needs on Debian 12 (run as root, or with sudo).
 set -euo pipefail
 pkgs=(meson ninja-build g++ pkg-config libssl-dev catch2 clang-format iproute2 python3)
+# Fuzzing (tools/fuzz.sh): clang with libFuzzer's runtime, and a symbolizer for its reports.
+[ "${PLAIT_SETUP_FUZZ:-0}" = 1 ] && pkgs+=(clang libclang-rt-14-dev llvm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -108,7 +108,15 @@ class tcp_link_set final : public link_set {
                   "this rank closed its TCP links (close() was called: the communicator aborted, "
                   "failed or is being destroyed)",
                   rank_, peer);
-    l.health();
+    try {
+      l.health();
+    } catch (const error& e) {
+      // The rank a closing peer blames comes off the wire: name the peer itself
+      // unless it is a rank of this world.
+      if (e.peer() < 0 || static_cast<std::size_t>(e.peer()) >= index_.size())
+        throw error(e.code(), e.message(), rank_, peer);
+      throw;
+    }
   }
 
   void close(close_reason why = {}) noexcept override {
