@@ -60,6 +60,7 @@ class communicator {
                              std::shared_ptr<void> keepalive = {}) {
     const int rank = ctx->rank(), size = ctx->size();
     const auto deadline = clock::now() + cfg.timeout;
+    join(*ctx, deadline);
     agree_on_config(*ctx, cfg, deadline);
     auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
     if (size > 1) {
@@ -106,6 +107,31 @@ class communicator {
   static std::string next_scope() {
     static std::atomic<int> counter{0};
     return "c" + std::to_string(counter.fetch_add(1)) + "/";
+  }
+
+  // Every rank checks in first, so a rank that never starts is named by the others.
+  static void join(bootstrap_context& ctx, clock::time_point deadline) {
+    if (ctx.size() == 1) return;
+    const std::byte here{1};
+    ctx.put("joined/" + std::to_string(ctx.rank()), std::span(&here, 1));
+    try {
+      ctx.barrier("joined", deadline);
+    } catch (const error& e) {
+      if (e.code() != errc::timeout) throw;
+      for (int p = 0; p < ctx.size(); ++p) {
+        bool present = true;
+        try {
+          present = ctx.try_get("joined/" + std::to_string(p)).has_value();
+        } catch (const error&) {
+        }
+        if (!present)
+          throw error(errc::timeout,
+                      "rank " + std::to_string(p) + " never joined the communicator before the deadline (" +
+                          e.message() + "); did it start, and with the same PLAIT_STORE?",
+                      ctx.rank(), p);
+      }
+      throw;
+    }
   }
 
   // Rank 0's slice size and depth are everyone's (slots must be the same size).

@@ -47,6 +47,7 @@ struct call {
   // Steps not yet done that send to / receive from each peer: a later call may use
   // a peer's FIFO only once every earlier call is done with it (per-pair order).
   std::vector<std::uint32_t> sends_left, recvs_left;
+  int gave_up_on = -1;  // a peer closed after timing out waiting for this rank: name it at the deadline
 
   void count_peers(int size) {
     sends_left.assign(static_cast<std::size_t>(size), 0);
@@ -86,7 +87,7 @@ class executor {
 
   // Throws if the call cannot go on: aborted, past its deadline, or a peer it waits
   // on has failed. Called between advances, while waiting.
-  void check(const call& c, clock::time_point now, bool health) {
+  void check(call& c, clock::time_point now, bool health) {
     if (aborted_.load(std::memory_order_acquire))
       throw error(errc::aborted, "abort() was called on this communicator; recreate it to go on", rank_, -1,
                   c.desc.sequence);
@@ -214,7 +215,7 @@ class executor {
   // Peers this call waits on now: their failures matter; a peer that finished and
   // left does not, unless this rank still needs it. Notices are looked for first:
   // a peer that failed and then left is reported for its failure, not its leaving.
-  void check_peers(const call& c) {
+  void check_peers(call& c) {
     if (c.next >= c.steps.size()) return;
     const step& s = c.steps[c.next];
     for (int p = 0; p < size_; ++p) {
@@ -227,10 +228,20 @@ class executor {
       }
       if (v.header != nullptr && (v.header->flags & slot_error_notice)) check_slot(c, s, p, *v.header, 0);
     }
+    // A peer that gave up waiting (timeout) and closed is not this rank's own timeout
+    // yet: wait out this call's deadline, then name the rank it gave up on.
+    auto health = [&](int p) {
+      try {
+        links_->health(p);
+      } catch (const error& e) {
+        if (e.code() != errc::timeout) throw;
+        c.gave_up_on = e.peer();
+      }
+    };
     for (int p : s.recv_peer)
-      if (p >= 0) links_->health(p);
+      if (p >= 0) health(p);
     for (int p : s.send_peer)
-      if (p >= 0) links_->health(p);
+      if (p >= 0) health(p);
   }
 
   error timed_out(const call& c) const {
@@ -251,6 +262,10 @@ class executor {
             who = "rank " + std::to_string(p) + " to drain its receive slots";
             break;
           }
+    }
+    if (c.gave_up_on >= 0 && c.gave_up_on != rank_) {
+      peer = c.gave_up_on;
+      who += " (peers gave up waiting for rank " + std::to_string(c.gave_up_on) + ")";
     }
     return error(errc::timeout,
                  std::string(to_string(c.desc.kind)) + " waited past its deadline for " + who + " (step " +

@@ -81,9 +81,12 @@ class bootstrap_context {
 
 // Why a rank closes its links, carried to its peers so that a failure cascading
 // through ranks that only wait on each other still names its first cause.
+// The first close() of a link_set decides the reason; later calls change nothing.
 struct close_reason {
-  errc code = errc::aborted;  // aborted: finished, destroyed or aborted; peer_lost: it lost `culprit`
+  errc code = errc::aborted;  // aborted: finished, destroyed or aborted; peer_lost / timeout: it
+                              // lost / waited in vain for `culprit`
   int culprit = -1;           // the rank blamed, or -1 for the closing rank itself
+  bool deliver = true;        // a clean end: deliver the slots posted so far before going
 };
 
 struct link_config {

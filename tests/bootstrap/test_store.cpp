@@ -149,12 +149,21 @@ TEST_CASE("many threads share the store", "[store]") {
 }
 
 TEST_CASE("forked processes share the store", "[store]") {
-  store_server server("127.0.0.1", 0, token);
-  const auto port = server.port();
+  // The processes are forked before the server's thread starts, then read its port from
+  // a pipe: a fork while that thread runs could copy a lock it holds (malloc's under
+  // ASan, OpenSSL's) into a child, where nothing would release it.
+  int port_pipe[2];
+  REQUIRE(::pipe(port_pipe) == 0);
   constexpr int procs = 4;
   std::vector<pid_t> pids;
   for (int p = 0; p < procs; ++p)
-    pids.push_back(plait::testing::fork_child([p, port] {
+    pids.push_back(plait::testing::fork_child([p, &port_pipe] {
+      ::close(port_pipe[1]);  // so that the parent's end closing is end of file here
+      pollfd ready{port_pipe[0], POLLIN, 0};
+      std::uint16_t port = 0;
+      if (::poll(&ready, 1, 10000) != 1 ||
+          ::read(port_pipe[0], &port, sizeof port) != static_cast<ssize_t>(sizeof port))
+        return 9;
       store_client c("127.0.0.1", port, token, in(10000ms));
       c.add("arrived", 1, in(10000ms));
       c.set("proc/" + std::to_string(p), bytes(std::to_string(p * 11)), in(10000ms));
@@ -162,6 +171,11 @@ TEST_CASE("forked processes share the store", "[store]") {
         if (text(c.get("proc/" + std::to_string(q), in(10000ms))) != std::to_string(q * 11)) return 10 + q;
       return 0;
     }));
+  store_server server("127.0.0.1", 0, token);
+  const auto port = server.port();
+  for (int p = 0; p < procs; ++p) CHECK(::write(port_pipe[1], &port, sizeof port) == static_cast<ssize_t>(sizeof port));
+  ::close(port_pipe[1]);
+  ::close(port_pipe[0]);  // open until now: a child that died early is no SIGPIPE here
   for (int p = 0; p < procs; ++p) {
     CAPTURE(p);
     CHECK(plait::testing::wait_child(pids[static_cast<std::size_t>(p)]) == 0);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +29,8 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -99,9 +102,48 @@ inline std::string slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+// Waits (bounded) for the parent to send the store's port down `fd`; 0 if it did not.
+inline std::uint16_t read_port(int fd, std::chrono::steady_clock::time_point deadline) {
+  std::uint16_t port = 0;
+  std::size_t got = 0;
+  while (got < sizeof port) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return 0;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    const ssize_t k = ::read(fd, reinterpret_cast<char*>(&port) + got, sizeof port - got);
+    if (k <= 0) return 0;  // the parent went away
+    got += static_cast<std::size_t>(k);
+  }
+  return port;
+}
+
+// Writes the port to every rank's pipe and closes it. SIGPIPE (a rank that died before
+// reading) is blocked meanwhile and a pending one is discarded: reaping reports that rank.
+inline void send_port(const std::vector<int>& pipes, std::uint16_t port) {
+  sigset_t pipe_only, old;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  bool broken = false;
+  for (int w : pipes) {
+    broken |= ::write(w, &port, sizeof port) != static_cast<ssize_t>(sizeof port);
+    ::close(w);
+  }
+  if (broken) {
+    const timespec zero{};
+    ::sigtimedwait(&pipe_only, nullptr, &zero);
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
 }  // namespace detail_ranks
 
 // Runs fn(comm) in n forked ranks. Returns one rank_result per rank.
+// The ranks are forked before the store server's thread starts and are then told its
+// port through a pipe: a fork while that thread runs could copy a lock it holds
+// (malloc's under ASan, OpenSSL's) into a child, where nothing would ever release it.
 template <class Transport, class F>
 std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
   namespace fs = std::filesystem;
@@ -110,13 +152,26 @@ std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
   const std::string token = bootstrap::generate_token_hex();
   std::vector<std::byte> token_bytes(token.size());
   std::memcpy(token_bytes.data(), token.data(), token.size());
-  bootstrap::store_server server("127.0.0.1", 0, token_bytes);
-  const std::string store = "127.0.0.1:" + std::to_string(server.port());
+  const auto start_deadline = std::chrono::steady_clock::now() + opt.deadline;
 
   std::vector<pid_t> pids;
+  std::vector<int> port_pipes;  // write ends, one per rank
   for (int r = 0; r < n; ++r) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(nullptr);  // nothing buffered is written twice
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::close(fds[1]);
+      for (int w : port_pipes) ::close(w);
+      const std::uint16_t port = detail_ranks::read_port(fds[0], start_deadline);
+      ::close(fds[0]);
+      const std::string base = dir + "/rank" + std::to_string(r);
+      if (port == 0) {
+        std::ofstream(base + ".err") << "rank " << r << " never got the store's port from the test process";
+        ::_exit(1);
+      }
+      const std::string store = "127.0.0.1:" + std::to_string(port);
       ::setenv("PLAIT_RANK", std::to_string(r).c_str(), 1);
       ::setenv("PLAIT_WORLD_SIZE", std::to_string(n).c_str(), 1);
       ::setenv("PLAIT_LOCAL_RANK", std::to_string(r).c_str(), 1);
@@ -126,7 +181,6 @@ std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
       ::setenv("PLAIT_SLICE_BYTES", opt.slice_bytes.c_str(), 1);
       ::setenv("PLAIT_TIMEOUT", opt.timeout.c_str(), 1);
       if (opt.host_id) ::setenv("PLAIT_HOST_ID", opt.host_id(r).c_str(), 1);
-      const std::string base = dir + "/rank" + std::to_string(r);
       int status = 0;
       try {
         auto comm = communicator<Transport>::from_env();
@@ -139,8 +193,23 @@ std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
       std::fflush(nullptr);
       ::_exit(status);
     }
+    ::close(fds[0]);
     pids.push_back(pid);
+    port_pipes.push_back(fds[1]);
   }
+
+  // Each rank learns the port, or sees its pipe closed (and exits) if the server failed.
+  // SIGPIPE is held while writing: a rank may already be dead.
+  std::optional<bootstrap::store_server> server;
+  try {
+    server.emplace("127.0.0.1", 0, token_bytes);
+  } catch (...) {
+    for (int w : port_pipes) ::close(w);
+    for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+    throw;
+  }
+  const std::uint16_t port = server->port();
+  detail_ranks::send_port(port_pipes, port);
 
   std::vector<rank_result> results(static_cast<std::size_t>(n));
   std::vector<bool> done(static_cast<std::size_t>(n), false);

@@ -53,7 +53,7 @@ class comm_core {
 
   ~comm_core() {
     stop_worker();
-    if (links_) links_->close();
+    if (links_) links_->close(reason_to_close());
   }
 
   void attach(std::unique_ptr<link_set> links, std::unique_ptr<bootstrap_context> ctx,
@@ -131,7 +131,7 @@ class comm_core {
     if (engine_mutex_.try_lock()) {  // nobody is driving: fail what is queued and close now
       fail_all(std::make_exception_ptr(
           error(errc::aborted, "abort() was called on this communicator; recreate it to go on", rank_)));
-      if (links_) links_->close();
+      if (links_) links_->close({errc::aborted, -1, false});
       engine_mutex_.unlock();
     }
   }
@@ -272,9 +272,11 @@ class comm_core {
     if (e.code() == errc::mismatch || e.code() == errc::protocol)
       ex.send_notice(d, clock::now() + std::chrono::milliseconds(200), e.peer() >= 0 ? e.peer() : rank_, e.code());
     else if (e.code() == errc::peer_lost)
-      links_->close({errc::peer_lost, e.peer()});  // peers waiting on this rank learn whom it lost
+      links_->close({errc::peer_lost, e.peer(), false});  // peers waiting on this rank learn whom it lost
     else if (e.code() != errc::timeout)
-      links_->close();  // peers waiting on this rank learn at once instead of timing out
+      links_->close({e.code(), -1, false});  // peers waiting on this rank learn at once instead of timing out
+    // A timeout closes nothing: the others reach their own deadlines (a stopped peer is
+    // named by each), and this rank's links close, naming it, when it is destroyed.
   }
 
   // Fails every call in flight with `e` (the communicator is broken). Holds engine_mutex_.
@@ -287,6 +289,17 @@ class comm_core {
     f.failure = e;
     f.finished = true;
     if (f.state) f.state->complete(e);
+  }
+
+  // How this rank's links close when it is destroyed: cleanly (delivering what it
+  // posted) unless it is broken, in which case the peers learn whom it gave up on.
+  close_reason reason_to_close() const {
+    std::lock_guard lock(broken_mutex_);
+    if (!broken_) return {};
+    const errc code = broken_->code();
+    if ((code == errc::peer_lost || code == errc::timeout) && broken_->peer() >= 0)
+      return {code, broken_->peer(), false};
+    return {errc::aborted, -1, false};
   }
 
   void mark_broken(const error& e) {

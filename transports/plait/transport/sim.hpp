@@ -35,13 +35,15 @@ struct fabric {
   std::vector<std::unique_ptr<fifo>> fifos;  // [from * size + to]
   std::vector<std::atomic<plait::detail::doorbell_word*>> bells;
   std::vector<std::atomic<bool>> closed;
-  std::vector<std::atomic<int>> blamed;  // culprit named by a rank that closed after losing it
+  std::vector<std::atomic<int>> blamed;      // culprit named by a rank that closed after losing it
+  std::vector<std::atomic<int>> blame_code;  // the errc it closed with
   fabric(int n, std::size_t slot, std::size_t depth)
       : size(n),
         slot_bytes(slot),
         bells(static_cast<std::size_t>(n)),
         closed(static_cast<std::size_t>(n)),
-        blamed(static_cast<std::size_t>(n)) {
+        blamed(static_cast<std::size_t>(n)),
+        blame_code(static_cast<std::size_t>(n)) {
     for (auto& b : blamed) b.store(-1);
     for (int i = 0; i < n * n; ++i) {
       auto f = std::make_unique<fifo>();
@@ -104,14 +106,19 @@ class links final : public link_set {
     if (f_->closed[static_cast<std::size_t>(peer)].load()) {
       const int culprit = f_->blamed[static_cast<std::size_t>(peer)].load();
       if (culprit >= 0 && culprit != rank_)
-        throw error(errc::peer_lost,
-                    "rank " + std::to_string(peer) + " lost rank " + std::to_string(culprit) + " and closed its links",
-                    rank_, culprit);
+        throw error(
+            static_cast<errc>(f_->blame_code[static_cast<std::size_t>(peer)].load()),
+            "rank " + std::to_string(peer) + " gave up on rank " + std::to_string(culprit) + " and closed its links",
+            rank_, culprit);
       throw error(errc::peer_lost, "rank " + std::to_string(peer) + " closed its links", rank_, peer);
     }
   }
   void close(close_reason why = {}) noexcept override {
-    if (why.code == errc::peer_lost) f_->blamed[static_cast<std::size_t>(rank_)].store(why.culprit);
+    if (f_->closed[static_cast<std::size_t>(rank_)].load()) return;  // the first reason stands
+    if (why.code == errc::peer_lost || why.code == errc::timeout) {
+      f_->blame_code[static_cast<std::size_t>(rank_)].store(static_cast<int>(why.code));
+      f_->blamed[static_cast<std::size_t>(rank_)].store(why.culprit);
+    }
     if (f_->closed[static_cast<std::size_t>(rank_)].exchange(true)) return;
     f_->bells[static_cast<std::size_t>(rank_)].store(nullptr);
     for (int p = 0; p < f_->size; ++p)

@@ -165,12 +165,15 @@ class shm_link_set final : public link_set {
     // Gone, but not in the way: a slot of its is still to be read and the FIFO to it has room.
     if (refresh_in(l) && acquire(peer) != nullptr) return;
     std::string what = "shm: rank " + std::to_string(peer) + " (pid " + std::to_string(watch_.pid(i)) + ") ";
-    if (closed && l.peer_hdr->close_code == static_cast<std::int32_t>(errc::peer_lost) &&
-        l.peer_hdr->close_culprit >= 0 && l.peer_hdr->close_culprit != rank_) {
-      const int culprit = l.peer_hdr->close_culprit;
-      fail(l, error(errc::peer_lost,
-                    "shm: rank " + std::to_string(peer) + " lost rank " + std::to_string(culprit) +
-                        " and closed its links; look at rank " + std::to_string(culprit) + " for the cause",
+    const auto close_code = static_cast<errc>(l.peer_hdr->close_code);
+    const int culprit = l.peer_hdr->close_culprit;
+    if (closed && (close_code == errc::peer_lost || close_code == errc::timeout) && culprit >= 0 &&
+        static_cast<std::size_t>(culprit) < index_of_.size() && culprit != rank_) {
+      fail(l, error(close_code,
+                    "shm: rank " + std::to_string(peer) +
+                        (close_code == errc::timeout ? " timed out waiting for rank " : " lost rank ") +
+                        std::to_string(culprit) + " and closed its links; look at rank " + std::to_string(culprit) +
+                        " for the cause",
                     rank_, culprit));
     }
     if (closed) {

@@ -348,9 +348,12 @@ class tcp_link {
                  false;
         std::lock_guard lock(mutex_);
         code_ = errc::peer_lost;
-        if (info.code == errc::peer_lost && info.culprit >= 0 && info.culprit != rank_) {
+        if ((info.code == errc::peer_lost || info.code == errc::timeout) && info.culprit >= 0 &&
+            info.culprit != rank_) {
+          code_ = info.code;
           blame_ = info.culprit;
-          why_ = who() + " lost rank " + std::to_string(info.culprit) + " and closed its connection; look at rank " +
+          why_ = who() + (info.code == errc::timeout ? " timed out waiting for rank " : " lost rank ") +
+                 std::to_string(info.culprit) + " and closed its connection; look at rank " +
                  std::to_string(info.culprit) + " for the cause";
         } else {
           why_ = who() +

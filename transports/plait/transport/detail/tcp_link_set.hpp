@@ -64,7 +64,10 @@ class tcp_link_set final : public link_set {
   ~tcp_link_set() override {
     if (!thread_.joinable()) return;
     close();
-    const auto until = clock::now() + linger_;
+    // A failed rank does not wait for peers to take its last slots (one may be stopped).
+    const auto until =
+        clock::now() +
+        (deliver_.load(std::memory_order_relaxed) ? linger_ : std::chrono::nanoseconds(std::chrono::milliseconds(100)));
     while (!settled_.load(std::memory_order_acquire) && clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     stop_.store(true, std::memory_order_seq_cst);
@@ -120,8 +123,10 @@ class tcp_link_set final : public link_set {
   }
 
   void close(close_reason why = {}) noexcept override {
+    if (close_claimed_.exchange(true, std::memory_order_acq_rel)) return;  // the first reason stands
     close_code_.store(static_cast<int>(why.code), std::memory_order_relaxed);
     close_culprit_.store(why.culprit, std::memory_order_relaxed);
+    deliver_.store(why.deliver, std::memory_order_relaxed);
     if (close_requested_.exchange(true, std::memory_order_seq_cst)) return;
     kick();
   }
@@ -230,6 +235,8 @@ class tcp_link_set final : public link_set {
   std::vector<pollfd> pollfds_;  // progress thread only; [0] is the eventfd
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> close_requested_{false};
+  std::atomic<bool> close_claimed_{false};
+  std::atomic<bool> deliver_{true};
   std::atomic<int> close_code_{static_cast<int>(errc::aborted)};
   std::atomic<int> close_culprit_{-1};
   std::atomic<bool> settled_{false};
