@@ -30,7 +30,7 @@ blob outcome(Comm&, const std::function<void()>& call) {
         ":" + e.what();
   }
   blob b(s.size());
-  std::memcpy(b.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());  // an empty blob's data() may be null
   return b;
 }
 

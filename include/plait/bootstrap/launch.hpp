@@ -54,7 +54,7 @@ inline long long parse_int(const char* name, const char* value, long long max) {
   bool ok = !v.empty() && v.size() <= 19;
   long long n = 0;
   for (char c : v) {
-    if (c < '0' || c > '9') {
+    if (c < '0' || c > '9' || n > (max - (c - '0')) / 10) {  // not a digit, or past max (no overflow)
       ok = false;
       break;
     }

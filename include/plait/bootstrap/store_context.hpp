@@ -31,6 +31,8 @@
 #include <string_view>
 #include <vector>
 
+#include <openssl/crypto.h>
+
 #include <plait/bootstrap/launch.hpp>
 #include <plait/bootstrap/store.hpp>
 #include <plait/bootstrap/token.hpp>
@@ -228,6 +230,13 @@ struct server_registry {
 };
 
 inline std::shared_ptr<store_server> serve_store(const launch_info& info, const std::vector<std::byte>& token) {
+  // Exit handlers run in reverse order of registration. libcrypto registers its own
+  // (OPENSSL_cleanup) on its first real initialisation, which is here, before the
+  // registry's: so it runs after the registry's destructor, whose draining servers
+  // still authenticate clients and whose threads' libcrypto state is freed only while
+  // libcrypto is up. (OPENSSL_init_crypto(0, ...) would do nothing: LOAD_CONFIG is the
+  // initialisation libcrypto's first use does anyway.)
+  [[maybe_unused]] static const bool crypto_initialized = OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, nullptr) == 1;
   static server_registry registry;
   std::lock_guard lock(registry.mu);
   auto& servers = registry.servers;

@@ -105,6 +105,10 @@ class links final : public link_set {
   void health(int peer) override {
     if (f_->closed[static_cast<std::size_t>(peer)].load()) {
       const int culprit = f_->blamed[static_cast<std::size_t>(peer)].load();
+      if (f_->blame_code[static_cast<std::size_t>(peer)].load() == static_cast<int>(errc::timeout) &&
+          (culprit < 0 || culprit == rank_))  // it gave up waiting for this rank: not a loss
+        throw error(errc::timeout, "rank " + std::to_string(peer) + " timed out waiting and closed its links", rank_,
+                    peer);
       if (culprit >= 0 && culprit != rank_)
         throw error(
             static_cast<errc>(f_->blame_code[static_cast<std::size_t>(peer)].load()),

@@ -167,8 +167,11 @@ class shm_link_set final : public link_set {
     std::string what = "shm: rank " + std::to_string(peer) + " (pid " + std::to_string(watch_.pid(i)) + ") ";
     const auto close_code = static_cast<errc>(l.peer_hdr->close_code);
     const int culprit = l.peer_hdr->close_culprit;
-    if (closed && (close_code == errc::peer_lost || close_code == errc::timeout) && culprit >= 0 &&
-        static_cast<std::size_t>(culprit) < index_of_.size() && culprit != rank_) {
+    const bool named = culprit >= 0 && static_cast<std::size_t>(culprit) < index_of_.size() && culprit != rank_;
+    if (closed && close_code == errc::timeout && !named)  // it gave up waiting for this rank: not a loss
+      fail(l, error(errc::timeout, "shm: rank " + std::to_string(peer) + " timed out waiting and closed its links",
+                    rank_, peer));
+    if (closed && (close_code == errc::peer_lost || close_code == errc::timeout) && named) {
       fail(l, error(close_code,
                     "shm: rank " + std::to_string(peer) +
                         (close_code == errc::timeout ? " timed out waiting for rank " : " lost rank ") +

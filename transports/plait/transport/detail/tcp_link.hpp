@@ -348,8 +348,11 @@ class tcp_link {
                  false;
         std::lock_guard lock(mutex_);
         code_ = errc::peer_lost;
-        if ((info.code == errc::peer_lost || info.code == errc::timeout) && info.culprit >= 0 &&
-            info.culprit != rank_) {
+        if (info.code == errc::timeout && (info.culprit < 0 || info.culprit == rank_)) {
+          code_ = errc::timeout;  // it gave up waiting for this rank: not a loss
+          why_ = who() + " timed out waiting and closed its connection";
+        } else if ((info.code == errc::peer_lost || info.code == errc::timeout) && info.culprit >= 0 &&
+                   info.culprit != rank_) {
           code_ = info.code;
           blame_ = info.culprit;
           why_ = who() + (info.code == errc::timeout ? " timed out waiting for rank " : " lost rank ") +
