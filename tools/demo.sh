@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-debian.sh
 [ -d build-release ] || meson setup build-release --buildtype=release -Dtests=false >/dev/null
-ninja -C build-release plaitrun plait-bench >/dev/null
+ninja -C build-release tools/plaitrun bench/plait-bench >/dev/null
 exec build-release/tools/plaitrun -n 4 build-release/bench/plait-bench -t shm -o all_reduce -b 8 -e 64M -f 2 "$@"
