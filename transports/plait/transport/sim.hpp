@@ -33,7 +33,9 @@ struct fabric {
   int size = 0;
   std::size_t slot_bytes = 0;
   std::vector<std::unique_ptr<fifo>> fifos;  // [from * size + to]
-  std::vector<std::atomic<plait::detail::doorbell_word*>> bells;
+  // Each rank's doorbell word lives here, not in its communicator: a peer may still ring
+  // it while that rank's communicator is being destroyed; the fabric outlives every ringer.
+  std::vector<plait::detail::doorbell_word> bells;
   std::vector<std::atomic<bool>> closed;
   std::vector<std::atomic<int>> blamed;      // culprit named by a rank that closed after losing it
   std::vector<std::atomic<int>> blame_code;  // the errc it closed with
@@ -54,10 +56,11 @@ struct fabric {
     }
   }
   fifo& at(int from, int to) { return *fifos[static_cast<std::size_t>(from * size + to)]; }
-  void ring(int rank) {
-    if (auto* w = bells[static_cast<std::size_t>(rank)].load()) plait::detail::doorbell::ring(w);
-  }
+  void ring(int rank) { plait::detail::doorbell::ring(&bells[static_cast<std::size_t>(rank)]); }
 };
+
+// Where a doorbell points once its fabric may be gone: a word nobody else rings.
+inline plait::detail::doorbell_word detached_bell{};
 
 inline std::shared_ptr<fabric> find_or_make(const std::string& key, int n, std::size_t slot, std::size_t depth) {
   static std::mutex m;
@@ -71,8 +74,12 @@ inline std::shared_ptr<fabric> find_or_make(const std::string& key, int n, std::
 
 class links final : public link_set {
  public:
-  links(std::shared_ptr<fabric> f, int rank) : f_(std::move(f)), rank_(rank) {}
-  ~links() override { close(); }
+  links(std::shared_ptr<fabric> f, int rank, plait::detail::doorbell& bell)
+      : f_(std::move(f)), rank_(rank), bell_(&bell) {}
+  ~links() override {
+    close();
+    if (bell_->word() == &f_->bells[static_cast<std::size_t>(rank_)]) bell_->bind(&detached_bell);
+  }
 
   bool reaches(int peer) const override { return peer != rank_ && peer >= 0 && peer < f_->size; }
   std::size_t slot_bytes() const override { return f_->slot_bytes; }
@@ -124,7 +131,6 @@ class links final : public link_set {
       f_->blamed[static_cast<std::size_t>(rank_)].store(why.culprit);
     }
     if (f_->closed[static_cast<std::size_t>(rank_)].exchange(true)) return;
-    f_->bells[static_cast<std::size_t>(rank_)].store(nullptr);
     for (int p = 0; p < f_->size; ++p)
       if (p != rank_) f_->ring(p);
   }
@@ -132,6 +138,7 @@ class links final : public link_set {
  private:
   std::shared_ptr<fabric> f_;
   int rank_;
+  plait::detail::doorbell* bell_;
 };
 
 }  // namespace detail_sim
@@ -143,8 +150,8 @@ struct sim {
   static std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::doorbell& bell,
                                            const link_config& cfg, std::span<const int>) {
     auto f = detail_sim::find_or_make(ctx.job_key(), ctx.size(), cfg.slot_bytes, cfg.depth);
-    f->bells[static_cast<std::size_t>(ctx.rank())].store(bell.word());
-    auto l = std::make_unique<detail_sim::links>(f, ctx.rank());
+    bell.bind(&f->bells[static_cast<std::size_t>(ctx.rank())]);
+    auto l = std::make_unique<detail_sim::links>(f, ctx.rank(), bell);
     ctx.barrier("sim-connected", clock::now() + cfg.connect_timeout);
     return l;
   }
