@@ -15,7 +15,23 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
+#include <plait/error.hpp>
+
 namespace plait::testing {
+
+// The plait::error fn() throws; a test failure if it throws none.
+template <class F>
+plait::error caught(F&& fn) {
+  try {
+    fn();
+  } catch (const plait::error& e) {
+    return e;
+  }
+  FAIL("no plait::error was thrown");
+  return plait::error(plait::errc::system, "unreachable");
+}
 
 // Every variable the launch, token and knob code reads. A scoped_env unsets all of
 // them on construction and restores their values on destruction.

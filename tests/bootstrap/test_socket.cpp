@@ -8,25 +8,15 @@
 
 #include <plait/detail/socket.hpp>
 
+#include "bootstrap_support.hpp"
+
 using namespace std::chrono_literals;
 using clk = plait::clock;
 using plait::errc;
+using plait::testing::caught;
 namespace d = plait::detail;
 
-namespace {
-
-template <class F>
-plait::error caught(F&& fn) {
-  try {
-    fn();
-  } catch (const plait::error& e) {
-    return e;
-  }
-  FAIL("no plait::error was thrown");
-  return plait::error(errc::system, "unreachable");
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("parse_host_port reads host:port and [v6]:port", "[socket]") {
   CHECK(d::parse_host_port("127.0.0.1:29500") == std::pair<std::string, std::uint16_t>{"127.0.0.1", 29500});

@@ -21,6 +21,7 @@ using clk = plait::clock;
 using plait::errc;
 using plait::bootstrap::store_client;
 using plait::bootstrap::store_server;
+using plait::testing::caught;
 namespace proto = plait::bootstrap::store_protocol;
 
 namespace {
@@ -36,17 +37,6 @@ std::string text(const std::vector<std::byte>& b) {
 }
 
 clk::time_point in(std::chrono::milliseconds ms) { return clk::now() + ms; }
-
-template <class F>
-plait::error caught(F&& fn) {
-  try {
-    fn();
-  } catch (const plait::error& e) {
-    return e;
-  }
-  FAIL("no plait::error was thrown");
-  return plait::error(errc::system, "unreachable");
-}
 
 // True when the server closes fd within the deadline (EOF or reset).
 bool closed_by_server(int fd, clk::time_point deadline) {

@@ -16,6 +16,7 @@
 using namespace std::chrono_literals;
 using plait::errc;
 using plait::bootstrap::resolve_token;
+using plait::testing::caught;
 using plait::testing::scoped_env;
 using plait::testing::temp_dir;
 
@@ -23,17 +24,6 @@ namespace {
 
 std::string text(const std::vector<std::byte>& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
-}
-
-template <class F>
-plait::error caught(F&& fn) {
-  try {
-    fn();
-  } catch (const plait::error& e) {
-    return e;
-  }
-  FAIL("no plait::error was thrown");
-  return plait::error(errc::system, "unreachable");
 }
 
 mode_t mode_of(const std::filesystem::path& p) {
