@@ -64,8 +64,11 @@ struct call {
 
 class executor {
  public:
-  executor(int rank, int size, link_set* links, doorbell& bell, const std::atomic<bool>& aborted)
-      : rank_(rank), size_(size), links_(links), bell_(bell), aborted_(aborted) {}
+  // `last_seen` (2 x size entries, kept by the communicator across calls) records
+  // the highest collective and send/recv sequence number seen from each peer.
+  executor(int rank, int size, link_set* links, doorbell& bell, const std::atomic<bool>& aborted,
+           std::span<std::uint64_t> last_seen)
+      : rank_(rank), size_(size), links_(links), bell_(bell), aborted_(aborted), last_seen_(last_seen) {}
 
   // Runs steps while they are ready. Returns true when the call is complete.
   // `earlier` are the calls issued before this one and not yet complete: a step
@@ -177,12 +180,26 @@ class executor {
     return true;
   }
 
-  void check_slot(const call& c, const step& s, int peer, const slot_header& h, std::size_t bytes) const {
+  // Every slot from a peer is checked here before its payload is read: framing and
+  // sequence (protocol), then the call it belongs to (mismatch), then its length.
+  void check_slot(const call& c, const step& s, int peer, const slot_header& h, std::size_t bytes) {
     if (h.magic != slot_magic || h.version != wire_version || h.sender != peer)
       throw error(errc::protocol,
                   "malformed slot header from rank " + std::to_string(peer) +
                       " (bad magic, version or sender); is something else writing to this job's links?",
                   rank_, peer, c.desc.sequence);
+    // Slots on one link come in issue order, so a peer's sequence numbers never go
+    // back (collectives and send/recv are numbered apart). One that does is a
+    // replayed, duplicated or corrupted slot, whatever the peer called.
+    std::uint64_t& last =
+        last_seen_[static_cast<std::size_t>(peer) * 2 + (h.desc.kind == collective_kind::point_to_point ? 1 : 0)];
+    if (h.desc.sequence < last)
+      throw error(errc::protocol,
+                  "slot from rank " + std::to_string(peer) + " has sequence " + std::to_string(h.desc.sequence) +
+                      " after one with " + std::to_string(last) +
+                      ": a link's sequence numbers never go back (replayed or corrupted slot)",
+                  rank_, peer, c.desc.sequence);
+    last = h.desc.sequence;
     if (h.flags & slot_error_notice) {
       const int culprit =
           h.reserved > 0 && h.reserved <= static_cast<std::uint64_t>(size_) ? static_cast<int>(h.reserved - 1) : peer;
@@ -279,6 +296,7 @@ class executor {
   link_set* links_;
   doorbell& bell_;
   const std::atomic<bool>& aborted_;
+  std::span<std::uint64_t> last_seen_;
 };
 
 }  // namespace plait::detail

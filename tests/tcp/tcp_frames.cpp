@@ -198,6 +198,11 @@ TEST_CASE("tcp garbage from a peer is a protocol error naming it", "[tcp][frames
          for (std::uint64_t i = 0; i <= depth; ++i) t.send_slot(0, i);
        },
        "more slots than this rank granted"},
+      {"credit of 2^63", [](raw_peer& t) { t.send_control(control_type::credit, std::uint64_t{1} << 63); },
+       "credit of 9223372036854775808"},
+      {"closing announcing 2^63 frames",
+       [](raw_peer& t) { t.send_control(control_type::closing, std::uint64_t{1} << 31 | std::uint64_t{1} << 63); },
+       "announcing 2147483648 more"},
       {"closing announcing too much", [](raw_peer& t) { t.send_control(control_type::closing, depth + 1); },
        "announcing 3 more"},
       {"slot after closing",

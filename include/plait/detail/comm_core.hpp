@@ -42,7 +42,8 @@ class comm_core {
         size_(size),
         cfg_(cfg),
         p2p_sent_(static_cast<std::size_t>(size), 0),
-        p2p_received_(static_cast<std::size_t>(size), 0) {
+        p2p_received_(static_cast<std::size_t>(size), 0),
+        last_seen_(2 * static_cast<std::size_t>(size), 0) {
     const unsigned cores = std::thread::hardware_concurrency();
     // Oversubscribed (more ranks than cores on this host is likely): do not spin.
     if (cores != 0 && static_cast<unsigned>(size) > cores) bell_.set_spin_iterations(50);
@@ -91,7 +92,7 @@ class comm_core {
     } catch (...) {
     }
     std::lock_guard lock(engine_mutex_);
-    executor ex(rank_, size_, links_.get(), bell_, aborted_);
+    executor ex = make_executor();
     ex.send_notice(d, clock::now() + std::min<std::chrono::nanoseconds>(cfg_.timeout, std::chrono::seconds(5)), rank_,
                    errc::invalid_argument);
     mark_broken(e);
@@ -227,7 +228,7 @@ class comm_core {
     if (!found) return;
     std::lock_guard lock(engine_mutex_);
     if (active_.empty() || active_.front()->c->desc.sequence != mine.sequence) return;  // it moved meanwhile
-    executor ex(rank_, size_, links_.get(), bell_, aborted_);
+    executor ex = make_executor();
     on_failure(ex, *found);
     fail_all(std::make_exception_ptr(*found));
   }
@@ -240,9 +241,9 @@ class comm_core {
   // Advances every call in issue order; completes the finished ones. Holds engine_mutex_.
   void drive_once(clock::time_point now, bool health) {
     if (active_.empty()) return;
-    executor ex(rank_, size_, links_.get(), bell_, aborted_);
-    std::vector<call*> earlier;
-    earlier.reserve(active_.size());
+    executor ex = make_executor();
+    std::vector<call*>& earlier = earlier_;
+    earlier.clear();
     try {
       for (auto& f : active_) {
         call& c = *f->c;
@@ -264,6 +265,8 @@ class comm_core {
       active_.pop_front();
     }
   }
+
+  executor make_executor() { return executor(rank_, size_, links_.get(), bell_, aborted_, last_seen_); }
 
   void on_failure(executor& ex, const error& e) {
     mark_broken(e);
@@ -345,6 +348,8 @@ class comm_core {
 
   std::uint64_t sequence_ = 0;
   std::vector<std::uint64_t> p2p_sent_, p2p_received_;
+  std::vector<std::uint64_t> last_seen_;  // per peer, collective and send/recv sequences seen (engine_mutex_)
+  std::vector<call*> earlier_;            // drive_once's scratch list, kept to avoid allocating per pass
   std::atomic<bool> aborted_{false};
 
   mutable std::mutex broken_mutex_;

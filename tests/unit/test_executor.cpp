@@ -1,0 +1,182 @@
+// The executor's checks on received slots, scripted: a fake link_set hands it slot
+// headers as a broken or hostile peer might write them, and each must end the call
+// with the right error (protocol for framing and sequence, mismatch for a different
+// call), naming the peer, before any payload is copied out.
+#include <plait/executor.hpp>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+
+#include <catch2/catch.hpp>
+
+using namespace plait::detail;
+
+namespace {
+
+constexpr std::size_t slot_size = 256;
+
+// Peer 1's slots to rank 0, as scripted; sends are swallowed.
+class scripted_links final : public plait::link_set {
+ public:
+  struct slot {
+    slot_header header;
+    std::vector<std::byte> payload;
+  };
+  std::deque<slot> inbox;
+  std::vector<std::byte> outbox = std::vector<std::byte>(slot_size);
+
+  bool reaches(int peer) const override { return peer == 1; }
+  std::size_t slot_bytes() const override { return slot_size; }
+  std::byte* acquire(int) override { return outbox.data(); }
+  void post(int, const slot_header&) override {}
+  plait::slot_view peek(int) override {
+    if (inbox.empty()) return {};
+    return {&inbox.front().header, inbox.front().payload.data()};
+  }
+  void release(int) override { inbox.pop_front(); }
+  void health(int) override {}
+  void close(plait::close_reason) noexcept override {}
+};
+
+void copy_kernel(const void*, const void* const* srcs, int, void* const* dsts, int ndst, std::size_t count,
+                 int) noexcept {
+  for (int d = 0; d < ndst; ++d) std::memcpy(dsts[d], srcs[0], count * sizeof(float));
+}
+
+call_desc desc_for(std::uint64_t sequence, std::size_t count) {
+  call_desc d;
+  d.sequence = sequence;
+  d.count = count;
+  d.slice_bytes = slot_size;
+  d.kind = collective_kind::broadcast;
+  d.root = 1;
+  d.algorithm = 1;
+  return d;
+}
+
+// Rank 0 of 2 receives `count` floats from rank 1 in one step.
+struct receiver {
+  scripted_links links;
+  doorbell bell;
+  std::atomic<bool> aborted{false};
+  std::vector<std::uint64_t> last_seen = std::vector<std::uint64_t>(4, 0);
+  std::vector<float> out = std::vector<float>(64, -1.0f);
+
+  std::unique_ptr<call> make_call(std::uint64_t sequence, std::size_t count) {
+    auto c = std::make_unique<call>();
+    c->desc = desc_for(sequence, count);
+    c->steps = {recv(1, 0, count)};
+    c->elem_size = sizeof(float);
+    c->output = reinterpret_cast<std::byte*>(out.data());
+    c->kernel = copy_kernel;
+    c->deadline = plait::clock::now() + std::chrono::seconds(5);
+    c->count_peers(2);
+    return c;
+  }
+  // What peer 1 would send for call `sequence` of `count` floats, all 7.0f.
+  scripted_links::slot good_slot(std::uint64_t sequence, std::size_t count) {
+    scripted_links::slot s;
+    s.header.sender = 1;
+    s.header.bytes = static_cast<std::uint32_t>(count * sizeof(float));
+    s.header.desc = desc_for(sequence, count);
+    s.payload.resize(slot_size);
+    const float seven = 7.0f;
+    for (std::size_t i = 0; i < count; ++i) std::memcpy(s.payload.data() + i * sizeof(float), &seven, sizeof seven);
+    return s;
+  }
+  // Runs call `sequence`; returns the error it ended with, if any.
+  std::optional<plait::error> run(std::uint64_t sequence, std::size_t count) {
+    executor ex(0, 2, &links, bell, aborted, last_seen);
+    auto c = make_call(sequence, count);
+    try {
+      if (!ex.advance(*c)) return plait::error(plait::errc::timeout, "the step did not run", 0);
+    } catch (const plait::error& e) {
+      return e;
+    }
+    return std::nullopt;
+  }
+};
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("executor: a well-formed slot is copied out and consumed", "[unit][executor]") {
+  receiver r;
+  r.links.inbox.push_back(r.good_slot(1, 16));
+  REQUIRE_FALSE(r.run(1, 16).has_value());
+  CHECK(r.out[0] == 7.0f);
+  CHECK(r.out[15] == 7.0f);
+  CHECK(r.out[16] == -1.0f);
+  CHECK(r.links.inbox.empty());
+}
+
+TEST_CASE("executor: malformed or replayed slots are protocol errors naming the peer, nothing copied",
+          "[unit][executor]") {
+  struct bad_case {
+    const char* name;
+    std::function<void(scripted_links::slot&)> change;
+    plait::errc code;
+    const char* says;
+  };
+  const std::vector<bad_case> cases = {
+      {"bad magic", [](auto& s) { s.header.magic = 0xabababab; }, plait::errc::protocol, "malformed slot header"},
+      {"unknown version", [](auto& s) { s.header.version = 9; }, plait::errc::protocol, "malformed slot header"},
+      {"sender is not the peer", [](auto& s) { s.header.sender = 5; }, plait::errc::protocol, "malformed slot header"},
+      {"length larger than the step", [](auto& s) { s.header.bytes = 17 * sizeof(float); }, plait::errc::protocol,
+       "holds 68 bytes"},
+      {"length larger than a slot", [](auto& s) { s.header.bytes = 0xffffffffu; }, plait::errc::protocol,
+       "holds 4294967295 bytes"},
+      {"short slot", [](auto& s) { s.header.bytes = 4; }, plait::errc::protocol, "holds 4 bytes"},
+      {"other collective", [](auto& s) { s.header.desc.kind = collective_kind::all_reduce; }, plait::errc::mismatch,
+       "called all_reduce"},
+      {"other count", [](auto& s) { s.header.desc.count = 17; }, plait::errc::mismatch, "count"},
+      {"later sequence (a call skipped)", [](auto& s) { s.header.desc.sequence = 6; }, plait::errc::mismatch,
+       "sequence"},
+      {"sequence gone back (replayed slot)", [](auto& s) { s.header.desc.sequence = 3; }, plait::errc::protocol,
+       "never go back"},
+  };
+  for (const auto& bc : cases) {
+    SECTION(bc.name) {
+      receiver r;
+      // Calls 4 went through; call 5 then gets the scripted slot.
+      r.links.inbox.push_back(r.good_slot(4, 16));
+      REQUIRE_FALSE(r.run(4, 16).has_value());
+      std::fill(r.out.begin(), r.out.end(), -1.0f);
+      auto s = r.good_slot(5, 16);
+      bc.change(s);
+      r.links.inbox.push_back(s);
+      const auto e = r.run(5, 16);
+      REQUIRE(e.has_value());
+      INFO(e->what());
+      CHECK(e->code() == bc.code);
+      CHECK(e->peer() == 1);
+      CHECK(e->rank() == 0);
+      CHECK(contains(e->what(), bc.says));
+      CHECK(r.out[0] == -1.0f);  // no payload copied out
+      CHECK(r.links.inbox.size() == 1);
+    }
+  }
+}
+
+TEST_CASE("executor: send/recv sequences are checked apart from collectives", "[unit][executor]") {
+  receiver r;
+  r.links.inbox.push_back(r.good_slot(9, 4));
+  REQUIRE_FALSE(r.run(9, 4).has_value());
+  // A send/recv numbered 1 after collective 9 is in order: the counters are separate.
+  auto s = r.good_slot(1, 4);
+  s.header.desc.kind = collective_kind::point_to_point;
+  r.links.inbox.push_back(s);
+  executor ex(0, 2, &r.links, r.bell, r.aborted, r.last_seen);
+  auto c = r.make_call(1, 4);
+  c->desc.kind = collective_kind::point_to_point;
+  CHECK(ex.advance(*c));
+  // Another send/recv numbered 0 after it went back.
+  auto again = r.good_slot(0, 4);
+  again.header.desc.kind = collective_kind::point_to_point;
+  r.links.inbox.push_back(again);
+  auto c2 = r.make_call(0, 4);
+  c2->desc.kind = collective_kind::point_to_point;
+  CHECK_THROWS_WITH(ex.advance(*c2), Catch::Contains("never go back"));
+}
