@@ -1,12 +1,14 @@
 // plait-bench: nccl-tests style measurement of plait's collectives.
 //
-//   plaitrun -n 4 plait-bench -t shm -o all_reduce -b 8 -e 64M -f 2
+//   plaitrun -n 4 plait-bench -t shm -o all_reduce -b 8 -e 64M -f 2 [-J out.json]
 //
-// For each size: count, type, redop, root, time (us), algbw and busbw (GB/s) and
-// #wrong, with busbw = algbw x factor (all_reduce 2(n-1)/n; all_gather,
-// reduce_scatter, all_to_all (n-1)/n; broadcast, reduce 1), as nccl-tests defines it.
-// Time per size is the maximum over ranks of each rank's median over -n iterations,
-// after -w warm-up iterations. Buffers are allocated and touched once, up front.
+// Options, columns, sizes and timing are bench/bench_report.hpp's (shared with the
+// peer benchmarks in bench/peers): per size the count, type, redop, root, time (us),
+// algbw and busbw (GB/s, nccl-tests' factors) and #wrong; minflt (page faults per
+// call after warm-up: 0 means no allocation or first touch on the hot path); and
+// the bound measured in the same run (bench/bounds.hpp): copy bandwidth per thread
+// with as many threads as ranks for shm, loopback TCP throughput per connection for
+// tcp, with busbw as a percentage of it. Buffers are allocated and touched up front.
 #include <plait/plait.hpp>
 #include <plait/transport/shm.hpp>
 #include <plait/transport/tcp.hpp>
@@ -19,96 +21,19 @@
 #include <string>
 #include <vector>
 
+#include "bench_report.hpp"
+#include "bounds.hpp"
+
 namespace {
 
-struct options {
-  std::size_t min_bytes = 8, max_bytes = 64u << 20;
-  double factor = 2;
-  std::string op = "all_reduce", type = "float", redop = "sum", algo = "automatic", transport = "shm";
-  int warmup = 5, iters = 20, check = 1, root = 0;
-};
+using bench::options;
 
 [[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr,
-               "plait-bench: %s\n"
-               "usage: plait-bench [-b min_bytes] [-e max_bytes] [-f factor] [-o collective] [-d type]\n"
-               "                   [-r redop] [-a algorithm] [-t transport] [-w warmup] [-n iters] [-c 0|1]\n"
-               "                   [-R root]\n"
-               "  collective: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
-               "  type: float double int32 bfloat16 half   redop: sum prod min max avg\n"
-               "  algorithm: automatic ring tree   transport: shm tcp\n"
-               "  sizes accept K, M, G suffixes. Launch with: plaitrun -n N plait-bench ...\n",
-               msg);
-  std::exit(2);
-}
-
-std::size_t parse_size(const char* s) {
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  if (end == s || v < 0) usage("bad size");
-  switch (*end) {
-    case 'K':
-    case 'k':
-      v *= 1024;
-      break;
-    case 'M':
-    case 'm':
-      v *= 1024 * 1024;
-      break;
-    case 'G':
-    case 'g':
-      v *= 1024.0 * 1024 * 1024;
-      break;
-    case '\0':
-      break;
-    default:
-      usage("bad size suffix");
-  }
-  return static_cast<std::size_t>(v);
-}
-
-options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-h" || a == "--help") usage("help");
-    if (i + 1 >= argc) usage(("missing value for " + a).c_str());
-    const char* v = argv[++i];
-    if (a == "-b")
-      o.min_bytes = parse_size(v);
-    else if (a == "-e")
-      o.max_bytes = parse_size(v);
-    else if (a == "-f")
-      o.factor = std::atof(v);
-    else if (a == "-o")
-      o.op = v;
-    else if (a == "-d")
-      o.type = v;
-    else if (a == "-r")
-      o.redop = v;
-    else if (a == "-a")
-      o.algo = v;
-    else if (a == "-t")
-      o.transport = v;
-    else if (a == "-w")
-      o.warmup = std::atoi(v);
-    else if (a == "-n")
-      o.iters = std::atoi(v);
-    else if (a == "-c")
-      o.check = std::atoi(v);
-    else if (a == "-R")
-      o.root = std::atoi(v);
-    else
-      usage(("unknown option " + a).c_str());
-  }
-  if (o.factor <= 1.0 || o.iters < 1 || o.warmup < 0 || o.min_bytes > o.max_bytes) usage("bad sweep parameters");
-  return o;
-}
-
-double bus_factor(const std::string& op, int n) {
-  if (op == "all_reduce") return n > 1 ? 2.0 * (n - 1) / n : 1.0;
-  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return n > 1 ? double(n - 1) / n : 1.0;
-  return 1.0;
+  bench::usage("plait-bench", msg,
+               "  plait-bench: -o all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
+               "  -d float double int32 bfloat16 half   -r sum prod min max avg\n"
+               "  -a automatic ring tree   -t shm tcp\n"
+               "  launch with: plaitrun -n N plait-bench ...\n");
 }
 
 // Small integer values keep every reduction exact, so #wrong is a bitwise check.
@@ -122,10 +47,11 @@ T value(int rank, std::size_t i) {
 }
 
 template <class Comm, class T, class Op, class Algo>
-struct bench {
+struct bench_run {
   Comm& comm;
   const options& o;
   std::vector<T> in, out;
+  bool failed = false;
 
   // One collective of `bytes` bytes (per nccl-tests: the size of the largest buffer).
   void once(std::size_t count) {
@@ -147,12 +73,6 @@ struct bench {
       plait::all_to_all(comm, std::span<const T>(in.data(), block * n), std::span<T>(out.data(), block * n));
     else
       usage("unknown collective");
-  }
-
-  std::size_t effective_count(std::size_t count) const {
-    const auto n = static_cast<std::size_t>(comm.size());
-    if (o.op == "all_gather" || o.op == "reduce_scatter" || o.op == "all_to_all") return count / n * n;
-    return count;
   }
 
   // Compares out with what the collective must produce; counts wrong elements.
@@ -199,67 +119,70 @@ struct bench {
     const std::size_t max_count = std::max<std::size_t>(o.max_bytes / sizeof(T), 1);
     in.assign(max_count, T{});  // touched here, not in the timed loop
     out.assign(max_count, T{});
-    if (comm.rank() == 0) {
-      std::printf("# plait-bench: %s over %s, %d ranks, algorithm %s, %d warm-up + %d timed iterations\n", o.op.c_str(),
-                  o.transport.c_str(), n, o.algo.c_str(), o.warmup, o.iters);
-      std::printf("# busbw = algbw x %.4f; time = max over ranks of each rank's median\n#\n", bus_factor(o.op, n));
-      std::printf("%12s %12s %8s %6s %6s %10s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "root", "time(us)",
-                  "algbw", "busbw", "#wrong");
-      std::fflush(stdout);
-    }
-    double bus_sum = 0;
-    int rows = 0;
-    for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
-      const std::size_t count = effective_count(std::max<std::size_t>(bytes / sizeof(T), 1));
+    const bool shm = o.transport == "shm";
+    bench::report rep(
+        o, "plait", "0.1", n,
+        "algorithm " + o.algo + ", slice " + std::to_string(comm.slice_bytes()) + " B; PLAIT_* environment as launched",
+        comm.rank() == 0, shm ? "copy" : "loopback");
+    rep.header();
+    bench::bounds bound;
+    const auto sweep = bench::sizes(o);
+    for (std::size_t k = 0; k < sweep.size(); ++k) {
+      const std::size_t count = bench::count_for(o, sweep[k], sizeof(T), n);
       const std::size_t size = count * sizeof(T);
-      if (comm.rank() == 0) std::fprintf(stderr, "plait-bench: %zu bytes ...\r", size);
+      rep.progress(k, sweep.size(), size);
+      bench::row r;
+      r.bytes = size;
+      r.count = count;
+      r.root = (o.op == "broadcast" || o.op == "reduce") ? o.root : -1;
+      // The bound, measured by rank 0 while the others wait.
+      if (comm.rank() == 0) r.bound_gbps = shm ? bound.copy_gbps(size, n) : bound.loopback_gbps(size, n);
+      plait::barrier(comm);
       fill(count);
       for (int i = 0; i < o.warmup; ++i) once(count);
       std::vector<double> t(static_cast<std::size_t>(o.iters));
+      plait::barrier(comm);
+      const long faults_before = bench::minor_faults();
       for (int i = 0; i < o.iters; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         once(count);
         t[static_cast<std::size_t>(i)] =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       }
-      std::nth_element(t.begin(), t.begin() + o.iters / 2, t.end());
-      double med = t[static_cast<std::size_t>(o.iters / 2)];
-      plait::all_reduce<plait::ring>(comm, std::span<double>(&med, 1), plait::max{});
-      std::int64_t bad = 0;
+      double stats[2] = {bench::median(t), static_cast<double>(bench::minor_faults() - faults_before) / o.iters};
+      plait::all_reduce<plait::ring>(comm, std::span<double>(stats, 2), plait::max{});
+      r.time_us = stats[0];
+      r.minflt = stats[1];
       if (o.check) {
         fill(count);
         once(count);
-        bad = wrong(count);
+        std::int64_t bad = wrong(count);
         plait::all_reduce<plait::ring>(comm, std::span<std::int64_t>(&bad, 1), plait::sum{});
+        r.wrong = bad;
       }
-      const double algbw = static_cast<double>(size) / (med * 1e-6) / 1e9;
-      const double busbw = algbw * bus_factor(o.op, n);
-      bus_sum += busbw;
-      ++rows;
-      if (comm.rank() == 0) {
-        std::printf("%12zu %12zu %8s %6s %6d %10.1f %9.3f %9.3f %7lld\n", size, count, o.type.c_str(), o.redop.c_str(),
-                    (o.op == "broadcast" || o.op == "reduce") ? o.root : -1, med, algbw, busbw,
-                    static_cast<long long>(o.check ? bad : -1));
-        std::fflush(stdout);
-      }
-      const auto next = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor);
-      bytes = next > bytes ? next : bytes + 1;
+      rep.add(r);
     }
-    if (comm.rank() == 0) {
-      std::fprintf(stderr, "%40s\r", "");
-      std::printf("# Avg bus bandwidth    : %.3f GB/s\n", rows ? bus_sum / rows : 0.0);
-    }
+    if (!rep.finish() || rep.total_wrong() > 0) failed = true;
   }
 };
+
+int exit_code = 0;
+
+template <class Comm, class T, class Op, class Algo>
+void run_bench(Comm& c, const options& o) {
+  bench_run<Comm, T, Op, Algo> b{c, o, {}, {}};
+  b.run();
+  if (b.failed) exit_code = 1;
+}
 
 template <class Comm, class T, class Op>
 void with_algo(Comm& c, const options& o) {
   if (o.algo == "ring")
-    bench<Comm, T, Op, plait::ring>{c, o, {}, {}}.run();
+    run_bench<Comm, T, Op, plait::ring>(c, o);
   else if (o.algo == "tree")
-    bench<Comm, T, Op, plait::tree>{c, o, {}, {}}.run();
+    run_bench<Comm, T, Op, plait::tree>(c, o);
   else if (o.algo == "automatic")
-    bench<Comm, T, Op, plait::automatic>{c, o, {}, {}}.run();
+    run_bench<Comm, T, Op, plait::automatic>(c, o);
   else
     usage("unknown algorithm");
 }
@@ -299,7 +222,10 @@ void with_type(Comm& c, const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+  options defaults;
+  defaults.algo = "automatic";
+  defaults.transport = "shm";
+  const options o = bench::parse(argc, argv, defaults);
   try {
     if (o.transport == "shm") {
       auto c = plait::communicator<plait::transport::shm>::from_env();
@@ -314,5 +240,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }
-  return 0;
+  return exit_code;
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs a subset of the test suite under sanitizers, each in its own Meson setup:
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer), in build-asan:
-#         unit, sim, shm, tcp, bootstrap, and of the collectives misuse, types_ops_shm and
-#         collectives_shm (the tcp and hybrid matrices and the api tests are left out)
-#   tsan  ThreadSanitizer, in build-tsan: the threaded parts that do not fork: sim (ranks
+#         unit, sim, shm, tcp, bootstrap, and of the collectives misuse, mismatch (guard
+#         elements past every buffer), types_ops_shm and collectives_shm (the tcp and
+#         hybrid matrices and the api tests are left out)
+#   tsan  ThreadSanitizer, in build-tsan: the threaded parts that do not fork: executor, sim (ranks
 #         as threads: executor, progress engine, requests), tcp_frames (progress thread,
 #         socketpairs), bootstrap socket/store/context (the store server thread)
 #   all   both (the default); a failure in one does not skip the other
@@ -59,7 +60,7 @@ run_asan() {
   setup $b address,undefined
   stage "asan: setup"
   ninja -C $b -j"$jobs" \
-    tests/unit/test_types tests/unit/test_ops tests/unit/test_kernel \
+    tests/unit/test_types tests/unit/test_ops tests/unit/test_kernel tests/unit/test_executor \
     tests/sim/test_sim \
     tests/shm/test_shm_mesh tests/shm/test_shm_fifo tests/shm/test_shm_faults \
     tests/tcp/tcp_mesh_test tests/tcp/tcp_frames_test tests/tcp/tcp_faults_test \
@@ -67,16 +68,17 @@ run_asan() {
     tests/bootstrap/test_bootstrap_store tests/bootstrap/test_bootstrap_launch \
     tests/bootstrap/test_bootstrap_token_env tests/bootstrap/test_bootstrap_context \
     tests/bootstrap/test_bootstrap_plaitrun tests/bootstrap/bootstrap_rank_prog tools/plaitrun \
-    tests/collectives/misuse tests/collectives/types_ops_shm tests/collectives/collectives_shm
+    tests/collectives/misuse tests/collectives/mismatch tests/collectives/types_ops_shm \
+    tests/collectives/collectives_shm
   stage "asan: build"
 
   local supp=$root/tests/sanitizers
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export LSAN_OPTIONS=suppressions=$supp/lsan.supp
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp
-  run_tests asan $b types ops kernel sim shm_mesh shm_fifo shm_faults tcp_mesh tcp_frames \
+  run_tests asan $b types ops kernel executor sim shm_mesh shm_fifo shm_faults tcp_mesh tcp_frames \
     bootstrap_auth bootstrap_socket bootstrap_store bootstrap_launch bootstrap_token_env \
-    bootstrap_context bootstrap_plaitrun misuse types_ops_shm
+    bootstrap_context bootstrap_plaitrun misuse mismatch types_ops_shm
   # Timing bounds (peer_lost within 1 s) are asserted: alone, as in the plain suite.
   run_tests asan $b tcp_faults
   # All of it: every collective x algorithm (ranks 1..8, up to 1 Mi elements), and 16 MiB.
@@ -89,12 +91,12 @@ run_tsan() {
   local b=build-tsan
   setup $b thread
   stage "tsan: setup"
-  ninja -C $b -j"$jobs" tests/sim/test_sim tests/tcp/tcp_frames_test tests/bootstrap/test_bootstrap_socket \
+  ninja -C $b -j"$jobs" tests/unit/test_executor tests/sim/test_sim tests/tcp/tcp_frames_test tests/bootstrap/test_bootstrap_socket \
     tests/bootstrap/test_bootstrap_store tests/bootstrap/test_bootstrap_context
   stage "tsan: build"
 
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/tests/sanitizers/tsan.supp
-  run_tests tsan $b sim tcp_frames bootstrap_socket
+  run_tests tsan $b executor sim tcp_frames bootstrap_socket
   # TSan does not follow fork(); the test cases that fork are left out:
   #   bootstrap_store   "forked processes share the store"
   #   bootstrap_context "join_world by hand: rank 0 serves the store, every rank connects"

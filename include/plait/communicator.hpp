@@ -86,6 +86,9 @@ class communicator {
 
   int rank() const noexcept { return core_->rank(); }
   int size() const noexcept { return core_->size(); }
+  // The pipeline slice (slot payload) size and FIFO depth every rank agreed on at start-up.
+  std::size_t slice_bytes() const noexcept { return core_->config().slice_bytes; }
+  std::size_t pipeline_depth() const noexcept { return core_->config().depth; }
 
   template <class Rep, class Period>
   void set_timeout(std::chrono::duration<Rep, Period> t) {
