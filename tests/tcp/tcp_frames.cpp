@@ -256,6 +256,7 @@ TEST_CASE("tcp end of stream inside a frame is peer_lost", "[tcp][frames]") {
   const auto e = t.wait_failure(1000ms);
   REQUIRE(e.has_value());
   CHECK(e->code() == plait::errc::peer_lost);
+  CHECK(contains(e->what(), "inside a frame"));
   CHECK(t.links->peek(1).header == nullptr);
 }
 

@@ -289,9 +289,9 @@ class tcp_link {
       return;
     }
     if (s == link_state::ok)
-      fail(errc::peer_lost, who() +
-                                " closed its connection (process exited or was killed); see that rank's "
-                                "own output for why");
+      fail(errc::peer_lost,
+           who() + (reader_.mid_frame() ? " closed its connection inside a frame" : " closed its connection") +
+               " (process exited or was killed); see that rank's own output for why");
   }
 
   void on_stream_error(int e) {
