@@ -16,7 +16,7 @@ struct mesh_params {
   std::size_t slot_bytes = 3000;  // not a multiple of 64: exercises the stride rounding
   std::size_t depth = 4;
   int slots_per_peer = 1000;
-  int spin = 2000;
+  std::chrono::nanoseconds spin = plait::detail::doorbell::dedicated_spin;
   std::chrono::milliseconds wait_bound{10};  // the longest sleep on the doorbell
   std::chrono::seconds limit{60};
 };
@@ -58,7 +58,7 @@ std::string check_slot(const mesh_params& mp, int me, int from, int i, const pla
 std::string mesh_rank(const mesh_params& mp, const temp_dir& dir, int me) {
   plait::testing::file_bootstrap ctx(dir.path(), me, mp.ranks);
   plait::detail::doorbell bell;
-  bell.set_spin_iterations(mp.spin);
+  bell.set_spin(mp.spin);
   const std::vector<int> peers = all_but(me, mp.ranks);
   auto links = plait::transport::shm::connect(ctx, bell, config(mp.slot_bytes, mp.depth), peers);
   const auto deadline = clock::now() + mp.limit;
@@ -144,7 +144,7 @@ TEST_CASE("shm full mesh delivers every slot in order with its contents", "[shm]
 TEST_CASE("shm with more ranks than cores sleeps and is woken by its peers", "[shm][mesh]") {
   mesh_params mp;
   mp.ranks = 8;
-  mp.spin = 0;                               // no spinning: every wait is a futex sleep
+  mp.spin = std::chrono::nanoseconds(0);     // no spinning: every wait is a futex sleep
   mp.wait_bound = std::chrono::seconds(20);  // a missed wake-up would cost 20 s
   mp.limit = std::chrono::seconds(60);
   const auto start = clock::now();

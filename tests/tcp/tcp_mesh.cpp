@@ -22,7 +22,7 @@ std::string mesh_rank(const std::filesystem::path& dir, int rank, int n, std::si
                       std::uint64_t count) {
   plait::testing::file_bootstrap ctx(dir, rank, n);
   plait::detail::doorbell bell;
-  bell.set_spin_iterations(50);
+  bell.set_spin(plait::detail::doorbell::oversubscribed_spin);
   const plait::link_config cfg{slot_bytes, depth, 30s};
   const auto peers = plait::testing::all_but(rank, n);
   auto links = plait::transport::tcp::connect(ctx, bell, cfg, peers);
@@ -53,7 +53,7 @@ std::string bulk_rank(const std::filesystem::path& dir, int rank, std::size_t sl
                       std::size_t total) {
   plait::testing::file_bootstrap ctx(dir, rank, 2);
   plait::detail::doorbell bell;
-  bell.set_spin_iterations(50);
+  bell.set_spin(plait::detail::doorbell::oversubscribed_spin);
   const plait::link_config cfg{slot_bytes, depth, 30s};
   const int peer = 1 - rank;
   auto links = plait::transport::tcp::connect(ctx, bell, cfg, std::span(&peer, 1));

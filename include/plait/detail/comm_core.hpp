@@ -46,7 +46,7 @@ class comm_core {
         last_seen_(2 * static_cast<std::size_t>(size), 0) {
     const unsigned cores = std::thread::hardware_concurrency();
     // Oversubscribed (more ranks than cores on this host is likely): do not spin.
-    if (cores != 0 && static_cast<unsigned>(size) > cores) bell_.set_spin_iterations(50);
+    if (cores != 0 && static_cast<unsigned>(size) > cores) bell_.set_spin(doorbell::oversubscribed_spin);
   }
 
   comm_core(const comm_core&) = delete;

@@ -9,11 +9,13 @@
 // Thread-safety: ring() from any thread or process; wait() from the executor thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <ctime>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -63,25 +65,43 @@ class doorbell {
   }
   void ring() noexcept { ring(word_); }
 
-  // Returns when the counter moves past `seen`, or after `bound` at most. Spins a
-  // little first: with ranks <= cores a peer's post usually lands within microseconds.
+  // Returns when the counter moves past `seen`, or after `bound` at most. Polls
+  // first, for a bounded time: waking a sleeping process costs tens of microseconds
+  // (more in a VM, where an idle vCPU halts), while with ranks <= cores a peer's next
+  // post usually lands within that. The first microseconds spin on the word; after
+  // that each poll yields the core, so on a busy host the peer this rank waits for
+  // can run. Oversubscribed ranks poll only briefly, then sleep.
   void wait(std::uint32_t seen, std::chrono::nanoseconds bound) noexcept {
-    for (int i = 0; i < spin_iterations_; ++i) {
-      if (word_->count.load(std::memory_order_acquire) != seen) return;
-      cpu_relax();
+    const auto poll = std::min(spin_, bound);
+    if (poll.count() > 0) {
+      const auto start = std::chrono::steady_clock::now();
+      for (unsigned i = 1;; ++i) {
+        if (word_->count.load(std::memory_order_acquire) != seen) return;
+        if (i % 16 != 0) {
+          cpu_relax();
+          continue;
+        }
+        const auto spent = std::chrono::steady_clock::now() - start;
+        if (spent >= poll) break;
+        if (spent >= pure_spin) sched_yield();
+      }
     }
     word_->sleepers.fetch_add(1, std::memory_order_acq_rel);
-    if (word_->count.load(std::memory_order_acquire) == seen) futex_wait_for(&word_->count, seen, bound);
+    if (word_->count.load(std::memory_order_acquire) == seen) futex_wait_for(&word_->count, seen, bound - poll);
     word_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
   }
 
-  // Oversubscribed ranks (more ranks than cores) should not spin at all.
-  void set_spin_iterations(int n) noexcept { spin_iterations_ = n; }
+  // How long wait() spins before it sleeps. Oversubscribed ranks (more ranks than
+  // cores) should spin only a few microseconds: the core is someone else's turn.
+  void set_spin(std::chrono::nanoseconds spin) noexcept { spin_ = spin; }
+  static constexpr std::chrono::nanoseconds dedicated_spin = std::chrono::microseconds(500);
+  static constexpr std::chrono::nanoseconds oversubscribed_spin = std::chrono::microseconds(2);
+  static constexpr std::chrono::nanoseconds pure_spin = std::chrono::microseconds(1);
 
  private:
   doorbell_word own_;
   doorbell_word* word_;
-  int spin_iterations_ = 2000;
+  std::chrono::nanoseconds spin_ = dedicated_spin;
 };
 
 }  // namespace plait::detail

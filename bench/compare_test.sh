@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Smoke test of bench/compare against fake benchmarks (no MPI, Gloo or plait build needed).
+# The fakes check the options compare passes and write bench_report.hpp's JSON; one of
+# them fails (mpich over tcp) and one hangs (gloo broadcast, 4 ranks) to exercise the
+# skip paths. Run from anywhere: bash bench/compare_test.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
+fail() { echo "compare_test: FAIL: $*" >&2; exit 1; }
+
+mkdir -p "$tmp/build/tools" "$tmp/build/bench/peers/gloo"
+cat >"$tmp/fakebench.py" <<'EOF'
+#!/usr/bin/env python3
+"""Writes a bench_report.hpp JSON for: fakebench.py LIBRARY RANKS TRANSPORT [bench options]."""
+import json, os, sys, time
+lib, n, transport, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+o = dict(zip(args[0::2], args[1::2]))
+need = ["-b", "-e", "-f", "-o", "-d", "-r", "-w", "-n", "-c", "-J"]
+if len(args) % 2 or any(k not in o for k in need) or o["-d"] != "float" or o["-r"] != "sum":
+    sys.exit(f"fakebench: bad options {args}")
+if lib == "mpich" and transport == "tcp":
+    sys.exit("fakebench: mpich tcp is broken on purpose")
+if lib == "gloo" and o["-o"] == "broadcast" and n == 4:
+    time.sleep(60)
+size = lambda s: int(float(s[:-1]) * {"K": 1024, "M": 1 << 20}[s[-1]]) if s[-1] in "KM" else int(s)
+sizes, b = [], size(o["-b"])
+while b <= size(o["-e"]):
+    sizes.append(b)
+    b = max(int(b * float(o["-f"])), b + 1)
+hugetlb = "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+speed = {"plait": 2.5}.get(lib, 1.2 if hugetlb else 1.0)
+factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(o["-o"], (n - 1) / n)
+rows = []
+for s in sizes:
+    busbw = speed * s / (s + 65536) * 10
+    t = s / (busbw / factor * 1e9) * 1e6
+    rows.append({"bytes": s, "count": s // 4, "root": 0, "time_us": t, "algbw": busbw / factor, "busbw": busbw,
+                 "wrong": 0, "minflt": 0 if lib == "plait" else 1.5, "bound_gbps": 12.0 if lib == "plait" else 0})
+doc = {"library": lib, "version": "0.fake", "collective": o["-o"], "algorithm": o.get("-a", "auto"),
+       "transport": transport, "ranks": n, "type": "float", "redop": "sum",
+       "settings": "fake" + (" hugetlb" if hugetlb else ""), "warmup": int(o["-w"]), "iters": int(o["-n"]),
+       "bound": "copy" if lib == "plait" else "", "avg_busbw": 0, "rows": rows}
+with open(o["-J"], "w") as f:
+    json.dump(doc, f)
+print(f"# {lib} fake: {len(rows)} sizes")
+EOF
+cat >"$tmp/build/tools/plaitrun" <<EOF
+#!/usr/bin/env bash
+[ "\$1" = -n ] || exit 2
+PLAIT_WORLD_SIZE=\$2 exec "\${@:3}"
+EOF
+cat >"$tmp/build/bench/plait-bench" <<EOF
+#!/usr/bin/env bash
+[ "\$1" = -t ] || exit 2
+exec python3 "$tmp/fakebench.py" plait "\$PLAIT_WORLD_SIZE" "\$2" "\${@:3}"
+EOF
+cat >"$tmp/build/bench/peers/gloo/peer-gloo-bench" <<EOF
+#!/usr/bin/env bash
+[ "\$1" = -N ] || exit 2
+exec python3 "$tmp/fakebench.py" gloo "\$2" tcp "\${@:3}"
+EOF
+cat >"$tmp/run.sh" <<EOF
+#!/usr/bin/env bash
+# run.sh LIB TRANSPORT N BUILD -- bench options
+[ "\$5" = -- ] && [ -d "\$4" ] || exit 2
+exec python3 "$tmp/fakebench.py" "\$1" "\$3" "\$2" "\${@:6}"
+EOF
+chmod +x "$tmp/build/tools/plaitrun" "$tmp/build/bench/plait-bench" "$tmp/build/bench/peers/gloo/peer-gloo-bench"
+
+# 1. The CI run: every library, both transports, 2 and 4 ranks, all collectives.
+out=$tmp/quick
+"$here/compare" --quick --build "$tmp/build" --mpi-run "$tmp/run.sh" --timeout 3 --out "$out" 2>"$tmp/quick.err" ||
+  { cat "$tmp/quick.err" >&2; fail "compare --quick exited $?"; }
+md=$out/compare.md
+[ -s "$md" ] || fail "no compare.md"
+grep -q '^### shm, 2 ranks, all_reduce$' "$md" || fail "no shm all_reduce table"
+grep -q '^### tcp, 4 ranks, broadcast$' "$md" || fail "no tcp broadcast table"
+grep -q '^| size | plait GB/s | plait %bound | openmpi GB/s' "$md" || fail "no table header"
+grep -q '^| 64K | 12.50 | 104% | 5.00 |' "$md" || fail "no 64K row with the fakes' busbw"
+grep -q '^| 4K time (us) |' "$md" || fail "no time row"
+! grep -q '^| 1M ' "$md" || fail "a size that was not asked for"
+grep -q '^| minflt per call | plait | openmpi' "$md" || fail "no minflt table"
+grep -q 'plait/best peer' "$md" || fail "no best-peer ratio"
+grep -q '^## Targets$' "$md" || fail "no targets section"
+grep -q '^- 1c\. .*→ met$' "$md" || fail "target 1c (time at 4K) not evaluated as met"
+grep -q '^- 1a\. .*→ not measured$' "$md" || fail "target 1a should be not measured at 4K/64K"
+grep -q '^- 5\. .*0 at all .*→ met$' "$md" || fail "minflt target not met"
+grep -q 'mpich: exit 1 (fakebench: mpich tcp is broken on purpose)' "$md" || fail "mpich failure not noted"
+grep -q 'gloo: timed out after 3 s: r1 tcp n=4 broadcast' "$md" || fail "gloo timeout not noted"
+[ -s "$out/raw/1_shm_2_all_reduce_plait.json" ] || fail "no raw plait JSON"
+[ -s "$out/raw/1_tcp_4_all_reduce_gloo-halving_doubling.json" ] || fail "no raw gloo JSON"
+[ -s "$out/raw/1_shm_4_broadcast_openmpi+hugetlb.json" ] || fail "no raw hugetlb JSON"
+ls "$out"/raw/1_tcp_*_mpich.log >/dev/null || fail "no log of the failed runs"
+head -c 8 "$out/compare.png" | grep -q PNG || fail "no compare.png"
+grep -q 'FAILED, exit 1' "$tmp/quick.err" || fail "no failure on stderr"
+
+# 2. Filter, a missing binary, uneven sizes (one invocation per size), two rounds rotating.
+rm "$tmp/build/bench/peers/gloo/peer-gloo-bench"
+out=$tmp/small
+"$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" --out "$out" --libraries plait,openmpi,gloo \
+  --transports shm --ranks 2 --collectives all_reduce --sizes 4K,12K,64K --rounds 2 --warmup 0 2>"$tmp/small.err" ||
+  { cat "$tmp/small.err" >&2; fail "filtered compare exited $?"; }
+md=$out/compare.md
+grep -q 'gloo-ring: skipped, .*peer-gloo-bench does not exist' "$tmp/small.err" || fail "missing gloo not on stderr"
+grep -q 'gloo-ring: skipped, .*peer-gloo-bench does not exist' "$md" || fail "missing gloo not in compare.md"
+grep -q 'mpich GB/s' "$md" && fail "mpich ran although --libraries left it out"
+grep -q '^| 12K |' "$md" || fail "no 12K row"
+[ -s "$out/raw/2_shm_2_all_reduce_openmpi+hugetlb_12K.json" ] || fail "no per-size raw JSON"
+[ "$(grep -m1 'round 1/2 .*\.\.\.$' "$tmp/small.err" | grep -o '[a-z+]*\ \.\.\.$')" = "plait ..." ] ||
+  fail "round 1 does not start with plait"
+[ "$(grep -m1 'round 2/2 .*\.\.\.$' "$tmp/small.err" | grep -o '[a-z+]*\ \.\.\.$')" = "openmpi ..." ] ||
+  fail "round 2 does not start with the next configuration"
+echo "compare_test: OK"
