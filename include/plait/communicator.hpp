@@ -32,6 +32,11 @@ inline comm_config config_from_env() {
                   "PLAIT_SLICE_BYTES=" + std::to_string(*b) + " is out of range: use 64 bytes to 64M");
     cfg.slice_bytes = *b;
   }
+  if (auto d = env_bytes("PLAIT_DEPTH")) {
+    if (*d < 1 || *d > 64)
+      throw error(errc::invalid_argument, "PLAIT_DEPTH=" + std::to_string(*d) + " is out of range: use 1 to 64 slots");
+    cfg.depth = *d;
+  }
   return cfg;
 }
 

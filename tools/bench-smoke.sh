@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every benchmark once at small sizes with the result check on (-c 1), to prove
+# they build, run and agree on results; no timing is asserted. Then bench/compare's
+# own smoke test (fake benches) and a quick real comparison with 2 ranks.
+#
+#   bash tools/bench-smoke.sh [BUILD_DIR]      (default: build; peers built if installed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+ninja -C "$build" tools/plaitrun bench/plait-bench >/dev/null
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+small=(-b 4K -e 256K -f 8 -w 1 -n 3 -c 1)
+
+for t in shm tcp; do
+  for o in all_reduce all_gather reduce_scatter broadcast reduce all_to_all; do
+    echo "== plait-bench -t $t -o $o, 3 ranks"
+    "$build/tools/plaitrun" -n 3 "$build/bench/plait-bench" -t "$t" -o "$o" "${small[@]}" -J "$out/plait.json"
+  done
+done
+python3 -m json.tool "$out/plait.json" >/dev/null
+
+for impl in openmpi mpich; do
+  if [ -x "$build/bench/peers/mpi/peer-$impl-bench" ]; then
+    for t in shm tcp; do
+      echo "== $impl over $t, 2 ranks"
+      PEER_TIMEOUT=120 bash bench/peers/mpi/run.sh "$impl" "$t" 2 "$build" -- -o all_reduce "${small[@]}"
+    done
+  else
+    echo "== $impl: peer benchmark not built (install its -dev package)"
+  fi
+done
+if [ -x "$build/bench/peers/gloo/peer-gloo-bench" ]; then
+  for a in ring ring_chunked halving_doubling; do
+    echo "== gloo $a, 2 ranks"
+    PEER_TIMEOUT=120 "$build/bench/peers/gloo/peer-gloo-bench" -N 2 -o all_reduce -a "$a" "${small[@]}"
+  done
+else
+  echo "== gloo: peer benchmark not built (apt-get install libgloo-dev)"
+fi
+
+echo "== bench/compare smoke test (fake benches)"
+bash bench/compare_test.sh
+echo "== bench/compare --quick, 2 ranks"
+bench/compare --quick --strict --build "$build" --ranks 2 --out "$out/compare"
+grep -q "^## Targets" "$out/compare/compare.md"
+echo "bench-smoke: OK"
