@@ -10,13 +10,12 @@
 // call timed alone with steady_clock after one barrier, the rank's median, the maximum
 // over ranks (MPI_Allreduce MAX). -t and -a are labels; run.sh passes the transport it
 // set up and states its settings in PLAIT_PEER_SETTINGS. Every wait inside MPI is
-// unbounded, so run.sh bounds the whole run with `timeout`.
+// unbounded, so run.sh bounds the whole run with `timeout`, and MPI_Finalize with a
+// grace period once rank 0 has reported that every rank is done (report_done).
 #include <mpi.h>
 
-#include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -182,6 +181,20 @@ std::string refusal(const bench::options& o) {
   return "";
 }
 
+// Tells run.sh (PLAIT_PEER_DONE_FILE) that every rank has finished and what the exit
+// status is, before MPI_Finalize: MPICH 4.0.2 (ch4:ucx) over UCX's TCP transport can
+// deadlock in MPI_Finalize, one rank flushing its endpoints while its peers already
+// wait in the PMI barrier (fixed upstream by pmodels/mpich#6596). run.sh then ends
+// the stuck job and exits with this status instead of waiting for its timeout.
+void report_done(int status) {
+  const char* path = std::getenv("PLAIT_PEER_DONE_FILE");
+  if (path == nullptr || *path == '\0') return;
+  if (std::FILE* f = std::fopen(path, "w")) {
+    std::fprintf(f, "%d\n", status);
+    std::fclose(f);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,11 +214,8 @@ int main(int argc, char** argv) {
   } else {
     status = mpi_bench(o, rank, ranks).run();
   }
-  {
-    std::vector<int> one(static_cast<std::size_t>(ranks), rank), got(static_cast<std::size_t>(ranks));
-    MPI_Alltoall(one.data(), 1, MPI_INT, got.data(), 1, MPI_INT, MPI_COMM_WORLD);
-    MPI_Barrier(MPI_COMM_WORLD);
-  }
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank is done: the results are final
+  if (rank == 0) report_done(status);
   MPI_Finalize();
   return status;
 }

@@ -9,8 +9,9 @@
 # The settings are exported in PLAIT_PEER_SETTINGS, which the bench prints in its
 # table and JSON; -t TRANSPORT is appended to the bench arguments so the label is
 # what was set up. All traffic stays on loopback. The run is bounded by `timeout`
-# (PEER_TIMEOUT seconds, default 600): MPI's own waits are unbounded. GLIBC_TUNABLES,
-# if set, reaches the ranks and is stated in the settings.
+# (PEER_TIMEOUT seconds, default 600): MPI's own waits are unbounded; and once every
+# rank has finished, MPI_Finalize gets PEER_FINALIZE_GRACE seconds (default 15).
+# GLIBC_TUNABLES, if set, reaches the ranks and is stated in the settings.
 #
 # Open MPI 4.1 (Debian): shm = pml ob1 + btl self,vader, which is also Debian's
 #   default (its openmpi-mca-params.conf excludes pml ucx); tcp = btl self,tcp on lo
@@ -92,7 +93,7 @@ case $impl in
     # hydra forwards the whole environment to the ranks by default.
     launch=("$launcher" -launcher fork -iface lo -n "$nranks")
     stated=("$launcher ($device) -launcher fork -iface lo ${env_set[*]}")
-    if [[ $transport == shm ]]; then stated+=("(defaults: UCX shared memory sysv/posix + cma)"); fi
+    if [[ $transport == shm ]]; then stated+=("the defaults: UCX shared memory (sysv/posix, cma single copy)"); fi
     stated+=("busy-polls: ch4 has no run-time yield option")
     ;;
 esac
@@ -102,8 +103,36 @@ PLAIT_PEER_SETTINGS=${stated[0]}
 for part in "${stated[@]:1}"; do PLAIT_PEER_SETTINGS+="; $part"; done
 export PLAIT_PEER_SETTINGS
 
+# Rank 0 writes the exit status here once every rank has finished, just before
+# MPI_Finalize. If MPI_Finalize then does not return within PEER_FINALIZE_GRACE s
+# (MPICH 4.0.2 ch4:ucx over UCX tcp can deadlock there: pmodels/mpich#6596), the job
+# is ended and that status returned, with a warning, instead of waiting for the timeout.
+done_file=$(mktemp "${TMPDIR:-/tmp}/plait-peer-done.XXXXXX")
+trap 'rm -f "$done_file"' EXIT
+: >"$done_file"
+export PLAIT_PEER_DONE_FILE=$done_file
+grace=${PEER_FINALIZE_GRACE:-15}
+[[ $grace =~ ^[0-9]+$ ]] || usage "PEER_FINALIZE_GRACE must be a number of seconds, not '$grace'"
+
+timeout --kill-after=15 "$limit" "${launch[@]}" "$bench" "$@" -t "$transport" &
+job=$!
+finished_at=0
+while kill -0 "$job" 2>/dev/null; do
+  if [[ -s $done_file ]] && ((finished_at == 0)); then finished_at=$SECONDS; fi
+  if ((finished_at > 0 && SECONDS - finished_at >= grace)); then
+    kill -TERM "$job" 2>/dev/null || true
+    wait "$job" || true
+    echo "run.sh: warning: MPI_Finalize of $impl over $transport did not return within $grace s after all" \
+         "ranks finished; the job was ended. The results above are complete; the hang is the library's" \
+         "teardown (MPICH 4.0 ch4:ucx over UCX tcp: pmodels/mpich#6596)" >&2
+    status=$(<"$done_file")
+    [[ $status =~ ^[0-9]+$ ]] || status=1
+    exit "$status"
+  fi
+  sleep 0.2
+done
 status=0
-timeout --kill-after=15 "$limit" "${launch[@]}" "$bench" "$@" -t "$transport" || status=$?
+wait "$job" || status=$?
 if ((status == 124 || status == 137)); then
   echo "run.sh: $impl over $transport with $nranks ranks did not finish within $limit s (PEER_TIMEOUT)" >&2
 fi

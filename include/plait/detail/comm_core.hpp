@@ -31,7 +31,7 @@ namespace plait::detail {
 
 struct comm_config {
   std::chrono::nanoseconds timeout = std::chrono::seconds(600);
-  std::size_t slice_bytes = 128 * 1024;
+  std::size_t slice_bytes = 256 * 1024;  // bench/tune.sh: best of 32K..1M x depth 2, 4 on shm (docs/performance.md)
   std::size_t depth = 4;
 };
 
