@@ -131,8 +131,10 @@ struct call_builder {
 };
 
 template <class Algo>
-std::uint8_t pick(std::size_t bytes, bool tree_capable) {
+std::uint8_t pick(std::size_t bytes, bool tree_capable, int direct_ranks = 0) {
   if constexpr (std::is_same_v<Algo, automatic>) {
+    if (direct_ranks > 1 && direct_ranks <= direct::max_all_reduce_ranks && bytes < automatic::direct_below_bytes)
+      return direct::id;
     return tree_capable && bytes < automatic::tree_below_bytes ? tree::id : ring::id;
   } else {
     return Algo::id;
@@ -141,15 +143,20 @@ std::uint8_t pick(std::size_t bytes, bool tree_capable) {
 
 template <class Algo, class T, class Op>
 request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op op, call_options opt, bool async) {
-  const std::uint8_t algo = pick<Algo>(out.size_bytes(), true);
+  const std::uint8_t algo = pick<Algo>(out.size_bytes(), true, core.size());
   call_builder<T, Op> b(core, collective_kind::all_reduce, algo, op, -1, out.size(), core.next_sequence(), opt);
   b.require(in.size() == out.size(), "input and output must have the same number of elements");
   b.require(in.data() == out.data() || !overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()),
             "input and output overlap without being the same buffer (use the in-place form)");
   b.require_count_fits(out.size());
+  b.require(algo != direct::id || core.size() <= direct::max_all_reduce_ranks,
+            "all_reduce<direct> is for 2 or 3 ranks (one exchange); use ring or tree");
   auto p = b.sp(out.size());
   request r;
-  b.finish(algo == tree::id ? tree::all_reduce(p) : ring::all_reduce(p), in.data(), out.data(), async, &r);
+  b.finish(algo == tree::id     ? tree::all_reduce(p)
+           : algo == direct::id ? direct::all_reduce(p)
+                                : ring::all_reduce(p),
+           in.data(), out.data(), async, &r);
   return r;
 }
 

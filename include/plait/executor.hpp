@@ -143,21 +143,25 @@ class executor {
   }
 
   bool try_step(call& c, const step& s) {
+    // Sources in reduction order: the received slots, with the local source at
+    // position src_pos among them (0: first).
     const void* srcs[3];
     void* dsts[3];
     int ns = 0, nd = 0;
-    if (s.src != region::none) {
-      const std::byte* base = s.src == region::input ? c.input : c.output;
-      srcs[ns++] = base + s.src_offset * c.elem_size;
-    }
+    const std::byte* local = nullptr;
+    if (s.src != region::none) local = (s.src == region::input ? c.input : c.output) + s.src_offset * c.elem_size;
     const std::size_t bytes = s.count * c.elem_size;
+    int received = 0;
     for (int p : s.recv_peer) {
       if (p < 0) continue;
       slot_view v = links_->peek(p);
       if (v.header == nullptr) return false;
       check_slot(c, s, p, *v.header, bytes);
+      if (local != nullptr && received == s.src_pos) srcs[ns++] = local, local = nullptr;
       srcs[ns++] = v.payload;
+      ++received;
     }
+    if (local != nullptr) srcs[ns++] = local;
     for (int p : s.send_peer) {
       if (p < 0) continue;
       std::byte* slot = links_->acquire(p);

@@ -26,6 +26,7 @@ struct step {
   region src = region::none;             // local source buffer
   bool write_output = false;             // write the result to output[out_offset ...]
   bool finalize = false;                 // apply the op's finalize (avg: divide by n) to the result
+  std::uint8_t src_pos = 0;              // where the local source goes among the received slots (0: first)
   std::size_t src_offset = 0;            // elements
   std::size_t out_offset = 0;            // elements
   std::size_t count = 0;                 // elements in this slice (0 still exchanges a header)
@@ -113,6 +114,7 @@ inline std::string to_string(const step& s) {
   if (s.src != region::none)
     out += std::string(s.src == region::input ? " in[" : " out[") + std::to_string(s.src_offset) + "]";
   if (s.write_output) out += " -> out[" + std::to_string(s.out_offset) + "]";
+  if (s.src_pos != 0) out += " local@" + std::to_string(s.src_pos);
   if (s.finalize) out += " finalize";
   return out;
 }

@@ -76,6 +76,10 @@ void add_all_reduce(case_list<Tr>& cs, int n, std::size_t count) {
   cs.push_back({label<T, Op>("all_reduce<ring> in place", n, count), in_place(ring{}), expect});
   cs.push_back({label<T, Op>("all_reduce<tree> out of place", n, count), out_of_place(tree{}), expect});
   cs.push_back({label<T, Op>("all_reduce<tree> in place", n, count), in_place(tree{}), expect});
+  if (n <= direct::max_all_reduce_ranks) {  // one exchange: 2 or 3 ranks (more is invalid_argument)
+    cs.push_back({label<T, Op>("all_reduce<direct> out of place", n, count), out_of_place(direct{}), expect});
+    cs.push_back({label<T, Op>("all_reduce<direct> in place", n, count), in_place(direct{}), expect});
+  }
   cs.push_back({label<T, Op>("all_reduce<automatic> in place", n, count), in_place(automatic{}), expect});
   cs.push_back({label<T, Op>("all_reduce_async<ring>", n, count),
                 [count](communicator<Tr>& c) {

@@ -56,6 +56,11 @@ TEST_CASE("ring and tree schedules produce the reference on the sim transport", 
         auto buf = in;
         plait::all_reduce<plait::tree>(c, std::span<float>(buf), plait::sum{});
         err += compare(want, buf, c.rank(), "all_reduce<tree> in place");
+        if (n <= plait::direct::max_all_reduce_ranks) {
+          auto d = in;
+          plait::all_reduce<plait::direct>(c, std::span<float>(d), plait::sum{});
+          err += compare(want, d, c.rank(), "all_reduce<direct> in place");
+        }
         std::vector<float> b = c.rank() == n - 1 ? in : std::vector<float>(count);
         plait::broadcast<plait::tree>(c, std::span<float>(b), n - 1);
         err += compare(exact_pattern<float>(n - 1, count), b, c.rank(), "broadcast<tree>");
@@ -65,6 +70,23 @@ TEST_CASE("ring and tree schedules produce the reference on the sim transport", 
     INFO("rank " << r);
     CHECK(errors[static_cast<std::size_t>(r)] == "");
   }
+}
+
+TEST_CASE("all_reduce<direct> on more than 3 ranks is invalid_argument on every rank", "[sim][direct]") {
+  auto errors = on_threads(4, "sim-direct-4", [&](comm_t& c, std::string& err) {
+    std::vector<float> v(8, 1.0f);
+    try {
+      plait::all_reduce<plait::direct>(c, std::span<float>(v), plait::sum{});
+      err = "all_reduce<direct> on 4 ranks returned";
+    } catch (const plait::error& e) {
+      if (e.code() != plait::errc::invalid_argument && e.code() != plait::errc::mismatch)
+        err = std::string("expected invalid_argument, got ") + e.what();
+      else if (e.code() == plait::errc::invalid_argument &&
+               std::string(e.what()).find("2 or 3 ranks") == std::string::npos)
+        err = std::string("the message does not say why: ") + e.what();
+    }
+  });
+  for (auto& e : errors) CHECK(e == "");
 }
 
 TEST_CASE("a rank that skips a collective makes the others fail with mismatch, not hang", "[sim][mismatch]") {

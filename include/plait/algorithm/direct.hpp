@@ -4,6 +4,11 @@
 // rank sends block (r+k) to rank r+k and receives block (r-k) from rank r-k, slice by
 // slice, so each pair's traffic is ordered identically on both sides. Bytes sent per
 // rank (n-1)/n * S; busbw factor (n-1)/n. The own block is a local copy.
+// all_reduce (small messages, 2 or 3 ranks): one exchange. Every rank sends its
+// whole input to the others, then reduces the n contributions itself in rank order
+// ((x0 op x1) op x2), so every rank gets the same bits for any op, commutative or
+// not. One hop instead of the tree's 2 log n; bytes sent per rank (n-1) * S, so
+// `automatic` takes it only below direct_below_bytes.
 // send / recv: the message cut into slices, sent in order on the pair's FIFO;
 // a send returns once its last slice is posted (small messages: before the receive
 // is posted; large ones: when the receiver has drained all but the FIFO's depth).
@@ -37,6 +42,36 @@ struct direct {
     return out;
   }
 
+  // 2 or 3 ranks (max_all_reduce_ranks): one step reduces every contribution, so the
+  // local input is read before the output is written, in place or not.
+  static constexpr int max_all_reduce_ranks = 3;
+  static detail::schedule all_reduce(const detail::schedule_params& p) {
+    using namespace detail;
+    schedule out;
+    const int n = p.size, r = p.rank;
+    for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
+      if (n == 1) {
+        out.push_back(copy(region::input, off, off, len, true));
+        return;
+      }
+      step send_all = send((r + 1) % n, region::input, off, len);
+      if (n == 3) send_all.send_peer[1] = (r + 2) % n;
+      out.push_back(send_all);
+      step reduce;  // x0 op x1 [op x2], x(r) being the local input
+      reduce.src = region::input;
+      reduce.src_offset = off;
+      reduce.src_pos = static_cast<std::uint8_t>(r);
+      for (int k = 0, slot = 0; k < n; ++k)
+        if (k != r) reduce.recv_peer[slot++] = k;
+      reduce.write_output = true;
+      reduce.out_offset = off;
+      reduce.count = len;
+      reduce.finalize = true;
+      out.push_back(reduce);
+    });
+    return out;
+  }
+
   static detail::schedule send_to(int peer, std::size_t count, std::size_t slice) {
     detail::schedule out;
     detail::for_each_slice(count, slice, [&](std::size_t off, std::size_t len) {
@@ -54,12 +89,15 @@ struct direct {
 };
 
 // plait::automatic — picks an algorithm per call from the call alone (so every rank
-// picks the same): the tree below a size threshold (latency-bound: log n steps),
-// the ring above it (bandwidth-bound). Replaced by the cost model when it exists.
+// picks the same): for all_reduce on 2 or 3 ranks below direct_below_bytes the
+// one-exchange direct algorithm; else the tree below a size
+// threshold (latency-bound: log n steps), the ring above it (bandwidth-bound).
+// Replaced by the cost model when it exists.
 struct automatic {
   static constexpr std::uint8_t id = 0;
   static constexpr const char* name = "automatic";
   static constexpr std::size_t tree_below_bytes = 64 * 1024;
+  static constexpr std::size_t direct_below_bytes = 16 * 1024;
 };
 
 }  // namespace plait
