@@ -32,7 +32,7 @@ using bench::options;
   bench::usage("plait-bench", msg,
                "  plait-bench: -o all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
                "  -d float double int32 bfloat16 half   -r sum prod min max avg\n"
-               "  -a automatic ring tree   -t shm tcp\n"
+               "  -a automatic ring tree direct   -t shm tcp\n"
                "  launch with: plaitrun -n N plait-bench ...\n");
 }
 
@@ -65,7 +65,10 @@ struct bench_run {
       plait::reduce_scatter<plait::ring>(comm, std::span<const T>(in.data(), block * n),
                                          std::span<T>(out.data(), block), Op{});
     else if (o.op == "broadcast")
-      plait::broadcast<Algo>(comm, std::span<T>(out.data(), count), o.root);
+      if constexpr (std::is_same_v<Algo, plait::direct>)
+        usage("-a direct is for all_reduce (2 or 3 ranks)");
+      else
+        plait::broadcast<Algo>(comm, std::span<T>(out.data(), count), o.root);
     else if (o.op == "reduce")
       plait::reduce<plait::tree>(comm, std::span<const T>(in.data(), count), std::span<T>(out.data(), count), Op{},
                                  o.root);
@@ -181,6 +184,8 @@ void with_algo(Comm& c, const options& o) {
     run_bench<Comm, T, Op, plait::ring>(c, o);
   else if (o.algo == "tree")
     run_bench<Comm, T, Op, plait::tree>(c, o);
+  else if (o.algo == "direct")
+    run_bench<Comm, T, Op, plait::direct>(c, o);
   else if (o.algo == "automatic")
     run_bench<Comm, T, Op, plait::automatic>(c, o);
   else

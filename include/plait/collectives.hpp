@@ -133,7 +133,8 @@ struct call_builder {
 template <class Algo>
 std::uint8_t pick(std::size_t bytes, bool tree_capable, int direct_ranks = 0) {
   if constexpr (std::is_same_v<Algo, automatic>) {
-    if (direct_ranks > 1 && direct_ranks <= direct::max_all_reduce_ranks && bytes < automatic::direct_below_bytes)
+    if (direct_ranks > 1 && direct_ranks <= direct::max_all_reduce_ranks &&
+        bytes < automatic::direct_below_bytes(direct_ranks))
       return direct::id;
     return tree_capable && bytes < automatic::tree_below_bytes ? tree::id : ring::id;
   } else {

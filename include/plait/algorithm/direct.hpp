@@ -89,7 +89,7 @@ struct direct {
 };
 
 // plait::automatic — picks an algorithm per call from the call alone (so every rank
-// picks the same): for all_reduce on 2 or 3 ranks below direct_below_bytes the
+// picks the same): for all_reduce on 2 or 3 ranks below direct_below_bytes(n) the
 // one-exchange direct algorithm; else the tree below a size
 // threshold (latency-bound: log n steps), the ring above it (bandwidth-bound).
 // Replaced by the cost model when it exists.
@@ -97,7 +97,9 @@ struct automatic {
   static constexpr std::uint8_t id = 0;
   static constexpr const char* name = "automatic";
   static constexpr std::size_t tree_below_bytes = 64 * 1024;
-  static constexpr std::size_t direct_below_bytes = 16 * 1024;
+  // One exchange beats the tree and the ring on 2 ranks up to 256 KiB (same bytes as
+  // the ring, half the steps); on 3 ranks only while latency dominates (docs/performance.md).
+  static constexpr std::size_t direct_below_bytes(int ranks) noexcept { return ranks == 2 ? 256 * 1024 : 16 * 1024; }
 };
 
 }  // namespace plait
