@@ -37,6 +37,11 @@ inline comm_config config_from_env() {
       throw error(errc::invalid_argument, "PLAIT_DEPTH=" + std::to_string(*d) + " is out of range: use 1 to 64 slots");
     cfg.depth = *d;
   }
+  if (auto t = env_seconds("PLAIT_POLL")) {
+    if (*t > std::chrono::seconds(1))
+      throw error(errc::invalid_argument, "PLAIT_POLL is out of range: use 0 to 1 second");
+    cfg.poll = *t;
+  }
   return cfg;
 }
 

@@ -63,6 +63,8 @@ inline const std::vector<std::string>& bootstrap_variables() {
                                                  "PLAIT_IFNAME",
                                                  "PLAIT_TIMEOUT",
                                                  "PLAIT_SLICE_BYTES",
+                                                 "PLAIT_DEPTH",
+                                                 "PLAIT_POLL",
                                                  "PLAIT_DEBUG",
                                                  "PLAIT_GRACE"};
   return names;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <plait/bootstrap/token.hpp>
+#include <plait/communicator.hpp>
 #include <plait/detail/env.hpp>
 
 #include "bootstrap_support.hpp"
@@ -185,6 +186,35 @@ TEST_CASE("env_bytes reads K/M/G suffixes in powers of 1024", "[env]") {
     auto e = caught([] { env_bytes("PLAIT_SLICE_BYTES"); });
     CHECK(e.code() == errc::invalid_argument);
     CHECK_THAT(e.what(), Catch::Contains("PLAIT_SLICE_BYTES"));
+  }
+}
+
+TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-of-range values", "[env]") {
+  using plait::detail::config_from_env;
+  scoped_env env;
+  const auto defaults = config_from_env();
+  CHECK(defaults.slice_bytes == 256 * 1024);
+  CHECK(defaults.depth == 4);
+  CHECK(defaults.poll.count() < 0);  // automatic: decided by ranks per core
+  env.set("PLAIT_SLICE_BYTES", "1M");
+  env.set("PLAIT_DEPTH", "8");
+  env.set("PLAIT_POLL", "0.00005");
+  const auto set = config_from_env();
+  CHECK(set.slice_bytes == (1u << 20));
+  CHECK(set.depth == 8);
+  CHECK(set.poll == std::chrono::microseconds(50));
+  env.set("PLAIT_POLL", "0");
+  CHECK(config_from_env().poll.count() == 0);
+  const std::pair<const char*, const char*> bad[] = {{"PLAIT_SLICE_BYTES", "32"}, {"PLAIT_SLICE_BYTES", "65M"},
+                                                     {"PLAIT_DEPTH", "0"},        {"PLAIT_DEPTH", "65"},
+                                                     {"PLAIT_POLL", "2"},         {"PLAIT_POLL", "fast"}};
+  for (auto [name, value] : bad) {
+    CAPTURE(name, value);
+    scoped_env one;
+    env.set(name, value);
+    auto e = caught([] { config_from_env(); });
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains(name));
   }
 }
 

@@ -33,6 +33,9 @@ struct comm_config {
   std::chrono::nanoseconds timeout = std::chrono::seconds(600);
   std::size_t slice_bytes = 256 * 1024;  // bench/tune.sh: best of 32K..1M x depth 2, 4 on shm (docs/performance.md)
   std::size_t depth = 4;
+  // How long a waiting rank polls before it sleeps; negative: automatic (the
+  // doorbell's dedicated_spin, or oversubscribed_spin with more ranks than cores).
+  std::chrono::nanoseconds poll{-1};
 };
 
 class comm_core {
@@ -45,8 +48,11 @@ class comm_core {
         p2p_received_(static_cast<std::size_t>(size), 0),
         last_seen_(2 * static_cast<std::size_t>(size), 0) {
     const unsigned cores = std::thread::hardware_concurrency();
-    // Oversubscribed (more ranks than cores on this host is likely): do not spin.
-    if (cores != 0 && static_cast<unsigned>(size) > cores) bell_.set_spin(doorbell::oversubscribed_spin);
+    // Oversubscribed (more ranks than cores on this host is likely): poll less.
+    if (cfg_.poll.count() >= 0)
+      bell_.set_spin(cfg_.poll);
+    else if (cores != 0 && static_cast<unsigned>(size) > cores)
+      bell_.set_spin(doorbell::oversubscribed_spin);
   }
 
   comm_core(const comm_core&) = delete;
