@@ -32,7 +32,7 @@ using bench::options;
   bench::usage("plait-bench", msg,
                "  plait-bench: -o all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
                "  -d float double int32 bfloat16 half   -r sum prod min max avg\n"
-               "  -a automatic ring tree direct   -t shm tcp\n"
+               "  -a automatic ring tree direct recursive_doubling   -t shm tcp\n"
                "  launch with: plaitrun -n N plait-bench ...\n");
 }
 
@@ -65,8 +65,8 @@ struct bench_run {
       plait::reduce_scatter<plait::ring>(comm, std::span<const T>(in.data(), block * n),
                                          std::span<T>(out.data(), block), Op{});
     else if (o.op == "broadcast")
-      if constexpr (std::is_same_v<Algo, plait::direct>)
-        usage("-a direct is for all_reduce (2 or 3 ranks)");
+      if constexpr (std::is_same_v<Algo, plait::direct> || std::is_same_v<Algo, plait::recursive_doubling>)
+        usage("-a direct and -a recursive_doubling are for all_reduce");
       else
         plait::broadcast<Algo>(comm, std::span<T>(out.data(), count), o.root);
     else if (o.op == "reduce")
@@ -186,6 +186,8 @@ void with_algo(Comm& c, const options& o) {
     run_bench<Comm, T, Op, plait::tree>(c, o);
   else if (o.algo == "direct")
     run_bench<Comm, T, Op, plait::direct>(c, o);
+  else if (o.algo == "recursive_doubling")
+    run_bench<Comm, T, Op, plait::recursive_doubling>(c, o);
   else if (o.algo == "automatic")
     run_bench<Comm, T, Op, plait::automatic>(c, o);
   else

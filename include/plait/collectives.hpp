@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include <plait/algorithm/direct.hpp>
+#include <plait/algorithm/recursive_doubling.hpp>
 #include <plait/algorithm/ring.hpp>
 #include <plait/algorithm/tree.hpp>
 #include <plait/communicator.hpp>
@@ -130,12 +131,15 @@ struct call_builder {
   }
 };
 
+// all_reduce_ranks: the communicator's size for all_reduce (which has the one-hop
+// and log-hop algorithms), 0 for the other collectives.
 template <class Algo>
-std::uint8_t pick(std::size_t bytes, bool tree_capable, int direct_ranks = 0) {
+std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0) {
   if constexpr (std::is_same_v<Algo, automatic>) {
-    if (direct_ranks > 1 && direct_ranks <= direct::max_all_reduce_ranks &&
-        bytes < automatic::direct_below_bytes(direct_ranks))
-      return direct::id;
+    const int n = all_reduce_ranks;
+    if (n > 1 && n <= direct::max_all_reduce_ranks && bytes < automatic::direct_below_bytes(n)) return direct::id;
+    if (n > 3 && recursive_doubling::supports(n) && bytes < automatic::doubling_below_bytes(n))
+      return recursive_doubling::id;
     return tree_capable && bytes < automatic::tree_below_bytes ? tree::id : ring::id;
   } else {
     return Algo::id;
@@ -152,11 +156,14 @@ request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out
   b.require_count_fits(out.size());
   b.require(algo != direct::id || core.size() <= direct::max_all_reduce_ranks,
             "all_reduce<direct> is for 2 or 3 ranks (one exchange); use ring or tree");
+  b.require(algo != recursive_doubling::id || recursive_doubling::supports(core.size()),
+            "all_reduce<recursive_doubling> needs a power-of-two number of ranks; use ring or tree");
   auto p = b.sp(out.size());
   request r;
-  b.finish(algo == tree::id     ? tree::all_reduce(p)
-           : algo == direct::id ? direct::all_reduce(p)
-                                : ring::all_reduce(p),
+  b.finish(algo == tree::id                   ? tree::all_reduce(p)
+           : algo == direct::id               ? direct::all_reduce(p)
+           : algo == recursive_doubling::id   ? recursive_doubling::all_reduce(p)
+                                              : ring::all_reduce(p),
            in.data(), out.data(), async, &r);
   return r;
 }

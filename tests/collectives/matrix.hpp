@@ -80,6 +80,12 @@ void add_all_reduce(case_list<Tr>& cs, int n, std::size_t count) {
     cs.push_back({label<T, Op>("all_reduce<direct> out of place", n, count), out_of_place(direct{}), expect});
     cs.push_back({label<T, Op>("all_reduce<direct> in place", n, count), in_place(direct{}), expect});
   }
+  if (recursive_doubling::supports(n)) {  // power-of-two ranks (others are invalid_argument)
+    cs.push_back({label<T, Op>("all_reduce<recursive_doubling> out of place", n, count),
+                  out_of_place(recursive_doubling{}), expect});
+    cs.push_back({label<T, Op>("all_reduce<recursive_doubling> in place", n, count),
+                  in_place(recursive_doubling{}), expect});
+  }
   cs.push_back({label<T, Op>("all_reduce<automatic> in place", n, count), in_place(automatic{}), expect});
   cs.push_back({label<T, Op>("all_reduce_async<ring>", n, count),
                 [count](communicator<Tr>& c) {

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -61,6 +63,15 @@ TEST_CASE("ring and tree schedules produce the reference on the sim transport", 
           plait::all_reduce<plait::direct>(c, std::span<float>(d), plait::sum{});
           err += compare(want, d, c.rank(), "all_reduce<direct> in place");
         }
+        if (plait::recursive_doubling::supports(n)) {
+          auto d = in;
+          plait::all_reduce<plait::recursive_doubling>(c, std::span<float>(d), plait::sum{});
+          err += compare(want, d, c.rank(), "all_reduce<recursive_doubling> in place");
+          std::vector<float> o(count);
+          plait::all_reduce<plait::recursive_doubling>(c, std::span<const float>(in), std::span<float>(o),
+                                                       plait::sum{});
+          err += compare(want, o, c.rank(), "all_reduce<recursive_doubling> out of place");
+        }
         std::vector<float> b = c.rank() == n - 1 ? in : std::vector<float>(count);
         plait::broadcast<plait::tree>(c, std::span<float>(b), n - 1);
         err += compare(exact_pattern<float>(n - 1, count), b, c.rank(), "broadcast<tree>");
@@ -87,6 +98,67 @@ TEST_CASE("all_reduce<direct> on more than 3 ranks is invalid_argument on every 
     }
   });
   for (auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("all_reduce<recursive_doubling> on 3 or 6 ranks is invalid_argument on every rank", "[sim][doubling]") {
+  const int n = GENERATE(3, 6);
+  auto errors = on_threads(n, "sim-doubling-" + std::to_string(n), [&](comm_t& c, std::string& err) {
+    std::vector<float> v(8, 1.0f);
+    try {
+      plait::all_reduce<plait::recursive_doubling>(c, std::span<float>(v), plait::sum{});
+      err = "all_reduce<recursive_doubling> on " + std::to_string(n) + " ranks returned";
+    } catch (const plait::error& e) {
+      if (e.code() != plait::errc::invalid_argument)
+        err = std::string("expected invalid_argument, got ") + e.what();
+      else if (std::string(e.what()).find("power-of-two") == std::string::npos)
+        err = std::string("the message does not say why: ") + e.what();
+    }
+  });
+  for (auto& e : errors) CHECK(e == "");
+}
+
+// Floats with rounding: every rank must still hold the same bits, whichever
+// algorithm combined them (ring and tree compute each element once and pass it on;
+// direct and recursive doubling compute it on every rank, in one association).
+TEST_CASE("all_reduce leaves the same bits on every rank for inexact floats", "[sim][bitwise]") {
+  const int n = GENERATE(2, 3, 4, 8);
+  const std::size_t count = 1000;
+  CAPTURE(n);
+  std::vector<std::vector<float>> got(static_cast<std::size_t>(n) * 5);
+  auto errors = on_threads(n, "sim-bits-" + std::to_string(n), [&](comm_t& c, std::string&) {
+    std::vector<float> in(count);
+    std::uint32_t x = 2654435761u * static_cast<std::uint32_t>(c.rank() + 1);
+    for (auto& v : in) {
+      x = x * 1664525u + 1013904223u;
+      v = static_cast<float>(x >> 8) * 1e-7f - 0.5f;  // 24 random bits: sums round
+    }
+    auto slot = [&](int k) -> std::vector<float>& { return got[static_cast<std::size_t>(k * n + c.rank())]; };
+    slot(0) = in;
+    plait::all_reduce<plait::ring>(c, std::span<float>(slot(0)), plait::sum{});
+    slot(1) = in;
+    plait::all_reduce<plait::tree>(c, std::span<float>(slot(1)), plait::sum{});
+    slot(2) = in;
+    plait::all_reduce<plait::automatic>(c, std::span<float>(slot(2)), plait::sum{});
+    if (n <= plait::direct::max_all_reduce_ranks) {
+      slot(3) = in;
+      plait::all_reduce<plait::direct>(c, std::span<float>(slot(3)), plait::sum{});
+    }
+    if (plait::recursive_doubling::supports(n)) {
+      slot(4) = in;
+      plait::all_reduce<plait::recursive_doubling>(c, std::span<float>(slot(4)), plait::sum{});
+    }
+  });
+  for (auto& e : errors) CHECK(e == "");
+  const char* names[] = {"ring", "tree", "automatic", "direct", "recursive_doubling"};
+  for (int k = 0; k < 5; ++k) {
+    INFO(names[k]);
+    for (int r = 1; r < n; ++r) {
+      const auto& a = got[static_cast<std::size_t>(k * n)];
+      const auto& b = got[static_cast<std::size_t>(k * n + r)];
+      REQUIRE(a.size() == b.size());
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
+  }
 }
 
 TEST_CASE("a rank that skips a collective makes the others fail with mismatch, not hang", "[sim][mismatch]") {

@@ -90,7 +90,8 @@ struct direct {
 
 // plait::automatic — picks an algorithm per call from the call alone (so every rank
 // picks the same): for all_reduce on 2 or 3 ranks below direct_below_bytes(n) the
-// one-exchange direct algorithm; else the tree below a size
+// one-exchange direct algorithm, on 4, 8, 16 ... ranks below doubling_below_bytes(n)
+// recursive doubling (log2 n exchanges); else the tree below a size
 // threshold (latency-bound: log n steps), the ring above it (bandwidth-bound).
 // Replaced by the cost model when it exists.
 struct automatic {
@@ -100,6 +101,9 @@ struct automatic {
   // One exchange beats the tree and the ring on 2 ranks up to 256 KiB (same bytes as
   // the ring, half the steps); on 3 ranks only while latency dominates (docs/performance.md).
   static constexpr std::size_t direct_below_bytes(int ranks) noexcept { return ranks == 2 ? 256 * 1024 : 16 * 1024; }
+  // log2(n) exchanges beat the tree's 2 log2(n) hops while latency dominates: on 4
+  // ranks below 64 KiB (4K: 10.9 vs 16.2 us), on 8 below 32 KiB (docs/performance.md).
+  static constexpr std::size_t doubling_below_bytes(int ranks) noexcept { return ranks == 4 ? 64 * 1024 : 32 * 1024; }
 };
 
 }  // namespace plait

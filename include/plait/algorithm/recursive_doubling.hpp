@@ -1,0 +1,57 @@
+// plait::recursive_doubling — all_reduce in log2(n) pairwise exchanges (n a power of two).
+//
+// In round j each rank swaps its whole partial result with partner r xor 2^j and
+// combines the two, the lower-ranked group's value first, so after the last round
+// every rank holds ((x0 op x1) op (x2 op x3)) ... in the same association: the same
+// bits everywhere, for any op, commutative or not.
+//
+// all_reduce, S bytes, n = 2^k ranks, per rank: k rounds of one send and one
+// receive-reduce; bytes sent k * S. Against the tree (2k dependent hops: up, then
+// down) it halves the latency; against the ring (2(n-1) hops) more so; it sends
+// more bytes than either, so `automatic` takes it only for small messages
+// (automatic::doubling_below_bytes). Per slice, every round runs before the next
+// slice starts, so each pair's slots are ordered identically on both sides.
+#pragma once
+
+#include <plait/schedule.hpp>
+
+namespace plait {
+
+struct recursive_doubling {
+  static constexpr std::uint8_t id = 4;
+  static constexpr const char* name = "recursive_doubling";
+
+  static constexpr bool supports(int ranks) noexcept { return ranks > 0 && (ranks & (ranks - 1)) == 0; }
+
+  // count: elements of the whole vector. Requires supports(size).
+  static detail::schedule all_reduce(const detail::schedule_params& p) {
+    using namespace detail;
+    schedule out;
+    const int n = p.size, r = p.rank;
+    for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
+      if (n == 1) {
+        out.push_back(copy(region::input, off, off, len, true));
+        return;
+      }
+      for (int bit = 1; bit < n; bit <<= 1) {
+        const int partner = r ^ bit;
+        // Round 0 reads the input; later rounds the partial result in the output.
+        const region from = bit == 1 ? region::input : region::output;
+        out.push_back(send(partner, from, off, len));
+        step combine;
+        combine.recv_peer[0] = partner;
+        combine.src = from;
+        combine.src_offset = off;
+        combine.src_pos = static_cast<std::uint8_t>((r & bit) != 0 ? 1 : 0);  // the lower group first
+        combine.write_output = true;
+        combine.out_offset = off;
+        combine.count = len;
+        combine.finalize = bit << 1 >= n;
+        out.push_back(combine);
+      }
+    });
+    return out;
+  }
+};
+
+}  // namespace plait
