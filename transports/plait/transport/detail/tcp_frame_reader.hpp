@@ -42,7 +42,9 @@ struct read_result {
 
 class frame_reader {
  public:
-  frame_reader() : staging_(new std::byte[staging_bytes]) {}
+  // Zeroed here, at connect: small frames land in staging, and a page of it touched
+  // for the first time mid-run would be a page fault on the hot path.
+  frame_reader() : staging_(new std::byte[staging_bytes]()) {}
 
   // Reads until the socket would block, ends, fails, or the sink stops.
   template <class Sink>
