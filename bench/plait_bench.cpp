@@ -60,10 +60,16 @@ struct bench_run {
     if (o.op == "all_reduce")
       plait::all_reduce<Algo>(comm, std::span<const T>(in.data(), count), std::span<T>(out.data(), count), Op{});
     else if (o.op == "all_gather")
-      plait::all_gather<plait::ring>(comm, std::span<const T>(in.data(), block), std::span<T>(out.data(), block * n));
+      if constexpr (std::is_same_v<Algo, plait::automatic> || plait::has_all_gather<Algo>)
+        plait::all_gather<Algo>(comm, std::span<const T>(in.data(), block), std::span<T>(out.data(), block * n));
+      else
+        usage("all_gather takes -a automatic, ring or direct");
     else if (o.op == "reduce_scatter")
-      plait::reduce_scatter<plait::ring>(comm, std::span<const T>(in.data(), block * n),
-                                         std::span<T>(out.data(), block), Op{});
+      if constexpr (std::is_same_v<Algo, plait::automatic> || plait::has_reduce_scatter<Algo>)
+        plait::reduce_scatter<Algo>(comm, std::span<const T>(in.data(), block * n), std::span<T>(out.data(), block),
+                                    Op{});
+      else
+        usage("reduce_scatter takes -a automatic, ring or direct");
     else if (o.op == "broadcast")
       if constexpr (std::is_same_v<Algo, plait::direct> || std::is_same_v<Algo, plait::recursive_doubling>)
         usage("-a direct and -a recursive_doubling are for all_reduce");

@@ -146,6 +146,18 @@ std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0
   }
 }
 
+// all_gather and reduce_scatter: ring or direct (the same bytes; direct in one hop).
+// `automatic` takes direct for small reduce_scatter only (automatic::scatter_direct_below_bytes).
+template <class Algo>
+std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ranks) {
+  if constexpr (std::is_same_v<Algo, automatic>)
+    return kind == collective_kind::reduce_scatter && total_bytes < automatic::scatter_direct_below_bytes(ranks)
+               ? direct::id
+               : ring::id;
+  else
+    return Algo::id;
+}
+
 template <class Algo, class T, class Op>
 request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op op, call_options opt, bool async) {
   const std::uint8_t algo = pick<Algo>(out.size_bytes(), true, core.size());

@@ -104,31 +104,43 @@ template <class Tr, class T, class Op>
 void add_others(case_list<Tr>& cs, int n, std::size_t count) {
   const std::size_t first = cs.size();
   const auto un = static_cast<std::size_t>(n);
-  cs.push_back({label<T, Op>("all_gather<ring>", n, count),
-                [count, un](communicator<Tr>& c) {
-                  const auto shard = exact_pattern<T, Op>(c.rank(), count);
-                  std::vector<T> full(count * un);
-                  all_gather<ring>(c, std::span<const T>(shard), std::span<T>(full));
-                  return to_blob(full);
-                },
-                [=, ref = lazily([=] {
-                      std::vector<T> full;
-                      for (int q = 0; q < n; ++q) {
-                        auto s = exact_pattern<T, Op>(q, count);
-                        full.insert(full.end(), s.begin(), s.end());
-                      }
-                      return to_blob(full);
-                    })](int) { return ref(); }});
-  cs.push_back({label<T, Op>("reduce_scatter<ring>", n, count),
-                [count, un](communicator<Tr>& c) {
-                  const auto full = exact_pattern<T, Op>(c.rank(), count * un);
-                  std::vector<T> shard(count);
-                  reduce_scatter<ring>(c, std::span<const T>(full), std::span<T>(shard), Op{});
-                  return to_blob(shard);
-                },
-                [=](int r) {
-                  return to_blob(reference_all_reduce<T, Op>(n, count, Op{}, static_cast<std::size_t>(r) * count));
-                }});
+  auto gather_ref = lazily([=] {
+    std::vector<T> full;
+    for (int q = 0; q < n; ++q) {
+      auto s = exact_pattern<T, Op>(q, count);
+      full.insert(full.end(), s.begin(), s.end());
+    }
+    return to_blob(full);
+  });
+  auto gather = [count, un](auto algo) {
+    return [count, un](communicator<Tr>& c) {
+      using A = decltype(algo);
+      const auto shard = exact_pattern<T, Op>(c.rank(), count);
+      std::vector<T> full(count * un);
+      all_gather<A>(c, std::span<const T>(shard), std::span<T>(full));
+      return to_blob(full);
+    };
+  };
+  auto scatter = [count, un](auto algo) {
+    return [count, un](communicator<Tr>& c) {
+      using A = decltype(algo);
+      const auto full = exact_pattern<T, Op>(c.rank(), count * un);
+      std::vector<T> shard(count);
+      reduce_scatter<A>(c, std::span<const T>(full), std::span<T>(shard), Op{});
+      return to_blob(shard);
+    };
+  };
+  auto scatter_ref = [=](int r) {
+    return to_blob(reference_all_reduce<T, Op>(n, count, Op{}, static_cast<std::size_t>(r) * count));
+  };
+  cs.push_back({label<T, Op>("all_gather<ring>", n, count), gather(ring{}), [gather_ref](int) { return gather_ref(); }});
+  cs.push_back(
+      {label<T, Op>("all_gather<direct>", n, count), gather(direct{}), [gather_ref](int) { return gather_ref(); }});
+  cs.push_back({label<T, Op>("all_gather<automatic>", n, count), gather(automatic{}),
+                [gather_ref](int) { return gather_ref(); }});
+  cs.push_back({label<T, Op>("reduce_scatter<ring>", n, count), scatter(ring{}), scatter_ref});
+  cs.push_back({label<T, Op>("reduce_scatter<direct>", n, count), scatter(direct{}), scatter_ref});
+  cs.push_back({label<T, Op>("reduce_scatter<automatic>", n, count), scatter(automatic{}), scatter_ref});
   auto bcast = [count](auto algo, int root) {
     return [count, root](communicator<Tr>& c) {
       using A = decltype(algo);

@@ -9,6 +9,14 @@
 // ((x0 op x1) op x2), so every rank gets the same bits for any op, commutative or
 // not. One hop instead of the tree's 2 log n; bytes sent per rank (n-1) * S, so
 // `automatic` takes it only below direct_below_bytes.
+// all_gather, per slice: the own shard copied to its place and sent to every peer
+// (two peers per step), then the n-1 peers' shards received in place. The same
+// bytes as the ring ((n-1)/n * S sent per rank, busbw factor (n-1)/n) in one hop
+// instead of n-1.
+// reduce_scatter, per slice: block p of the input sent to rank p, for every peer;
+// then this rank's block reduced with the n-1 received ones, two per step, its
+// own first and the others in rank order ((y_r op y_a) op y_b ...). The ring's bytes,
+// one hop; each block is computed on one rank only, so the order is free.
 // send / recv: the message cut into slices, sent in order on the pair's FIFO;
 // a send returns once its last slice is posted (small messages: before the receive
 // is posted; large ones: when the receiver has drained all but the FIFO's depth).
@@ -39,6 +47,66 @@ struct direct {
         out.push_back(recv(from, static_cast<std::size_t>(from) * b + off, len));
       });
     }
+    return out;
+  }
+
+  // count: elements of one shard (input); output holds n shards, rank i's at i*count.
+  static detail::schedule all_gather(const detail::schedule_params& p) {
+    using namespace detail;
+    schedule out;
+    const int n = p.size, r = p.rank;
+    const std::size_t mine = static_cast<std::size_t>(r) * p.count;
+    for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
+      step first = copy(region::input, off, mine + off, len);
+      int k = 1;
+      for (int slot = 0; slot < 2 && k < n; ++slot, ++k) first.send_peer[slot] = (r + k) % n;
+      out.push_back(first);
+      while (k < n) {
+        step more = send((r + k) % n, region::input, off, len);
+        ++k;
+        if (k < n) more.send_peer[1] = (r + k++) % n;
+        out.push_back(more);
+      }
+      for (int j = 1; j < n; ++j) {
+        const int from = (r - j + n) % n;
+        out.push_back(recv(from, static_cast<std::size_t>(from) * p.count + off, len));
+      }
+    });
+    return out;
+  }
+
+  // count: elements of one shard (output); input holds n shards.
+  static detail::schedule reduce_scatter(const detail::schedule_params& p) {
+    using namespace detail;
+    schedule out;
+    const int n = p.size, r = p.rank;
+    for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
+      for (int k = 1; k < n; ++k) {
+        const int to = (r + k) % n;
+        out.push_back(send(to, region::input, static_cast<std::size_t>(to) * p.count + off, len));
+      }
+      // Own block first, then the peers in rank order, two per step, into the output.
+      step acc;
+      acc.src = region::input;
+      acc.src_offset = static_cast<std::size_t>(r) * p.count + off;
+      acc.write_output = true;
+      acc.out_offset = off;
+      acc.count = len;
+      int slot = 0;
+      for (int q = 0; q < n; ++q) {
+        if (q == r) continue;
+        if (slot == 2) {
+          out.push_back(acc);
+          acc.src = region::output;
+          acc.src_offset = off;
+          acc.recv_peer[0] = acc.recv_peer[1] = -1;
+          slot = 0;
+        }
+        acc.recv_peer[slot++] = q;
+      }
+      acc.finalize = true;
+      out.push_back(acc);
+    });
     return out;
   }
 
@@ -103,6 +171,10 @@ struct automatic {
   static constexpr std::size_t direct_below_bytes(int ranks) noexcept { return ranks == 2 ? 256 * 1024 : 16 * 1024; }
   // log2(n) exchanges beat the tree's 2 log2(n) hops while latency dominates: on 4
   // ranks below 64 KiB (4K: 10.9 vs 16.2 us), on 8 below 32 KiB (docs/performance.md).
+  // reduce_scatter (S the whole input): direct below this, ring above. Measured on 4
+  // ranks: 4K 16.7 vs 23.5 us, even at 16K, the ring ahead from 64K. all_gather stays
+  // on the ring: with 4 ranks it already answers 4K in 8.6 us (direct 8.8) and wins above.
+  static constexpr std::size_t scatter_direct_below_bytes(int ranks) noexcept { return ranks >= 4 ? 16 * 1024 : 0; }
   static constexpr std::size_t doubling_below_bytes(int ranks) noexcept { return ranks == 4 ? 64 * 1024 : 32 * 1024; }
 };
 

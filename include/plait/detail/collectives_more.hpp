@@ -9,14 +9,15 @@ namespace detail {
 template <class Algo, class T>
 request all_gather_impl(comm_core& core, std::span<const T> shard, std::span<T> full, call_options opt, bool async) {
   const auto n = static_cast<std::size_t>(core.size());
-  call_builder<T, sum> b(core, collective_kind::all_gather, pick<Algo>(0, false), sum{}, -1, shard.size(),
-                         core.next_sequence(), opt);
+  const std::uint8_t algo = pick_exchange<Algo>(collective_kind::all_gather, full.size_bytes(), core.size());
+  call_builder<T, sum> b(core, collective_kind::all_gather, algo, sum{}, -1, shard.size(), core.next_sequence(), opt);
   b.require_count_fits(shard.size());
   b.require(full.size() == shard.size() * n, "output must hold size() shards: full.size() == shard.size() * n");
   b.require(!overlaps(shard.data(), shard.size_bytes(), full.data(), full.size_bytes()),
             "input and output overlap; all_gather has no in-place form");
   request r;
-  b.finish(ring::all_gather(b.sp(shard.size())), shard.data(), full.data(), async, &r);
+  auto p = b.sp(shard.size());
+  b.finish(algo == direct::id ? direct::all_gather(p) : ring::all_gather(p), shard.data(), full.data(), async, &r);
   return r;
 }
 
@@ -24,14 +25,16 @@ template <class Algo, class T, class Op>
 request reduce_scatter_impl(comm_core& core, std::span<const T> full, std::span<T> shard, Op op, call_options opt,
                             bool async) {
   const auto n = static_cast<std::size_t>(core.size());
-  call_builder<T, Op> b(core, collective_kind::reduce_scatter, pick<Algo>(0, false), op, -1, shard.size(),
-                        core.next_sequence(), opt);
+  const std::uint8_t algo = pick_exchange<Algo>(collective_kind::reduce_scatter, full.size_bytes(), core.size());
+  call_builder<T, Op> b(core, collective_kind::reduce_scatter, algo, op, -1, shard.size(), core.next_sequence(), opt);
   b.require_count_fits(shard.size());
   b.require(full.size() == shard.size() * n, "input must hold size() shards: full.size() == shard.size() * n");
   b.require(!overlaps(shard.data(), shard.size_bytes(), full.data(), full.size_bytes()),
             "input and output overlap; reduce_scatter has no in-place form");
   request r;
-  b.finish(ring::reduce_scatter(b.sp(shard.size())), full.data(), shard.data(), async, &r);
+  auto p = b.sp(shard.size());
+  b.finish(algo == direct::id ? direct::reduce_scatter(p) : ring::reduce_scatter(p), full.data(), shard.data(), async,
+           &r);
   return r;
 }
 
