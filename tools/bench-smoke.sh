@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-ninja -C "$build" tools/plaitrun bench/plait-bench >/dev/null
+ninja -C "$build" tools/plaitrun bench/plait-bench bench/cma-rate >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 small=(-b 4K -e 256K -f 8 -w 1 -n 3 -c 1)
@@ -19,6 +19,17 @@ for t in shm tcp; do
   done
 done
 python3 -m json.tool "$out/plait.json" >/dev/null
+echo "== plait-bench: every algorithm by name, 4 ranks"
+for a in ring tree recursive_doubling; do
+  "$build/tools/plaitrun" -n 4 "$build/bench/plait-bench" -t shm -o all_reduce -a "$a" "${small[@]}"
+done
+for o in all_gather reduce_scatter; do
+  "$build/tools/plaitrun" -n 4 "$build/bench/plait-bench" -t shm -o "$o" -a direct "${small[@]}"
+done
+echo "== bench/ab.sh, one round"
+bash bench/ab.sh -B "$build" -r 1 -n 2 PLAIT_POLL 0,0.0001 -- -t shm -o all_reduce -b 4K -e 8K -w 1 -n 2 -c 1
+echo "== cma-rate"
+"$build/bench/cma-rate" 1M 256K
 
 for impl in openmpi mpich; do
   if [ -x "$build/bench/peers/mpi/peer-$impl-bench" ]; then

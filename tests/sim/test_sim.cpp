@@ -83,38 +83,32 @@ TEST_CASE("ring and tree schedules produce the reference on the sim transport", 
   }
 }
 
-TEST_CASE("all_reduce<direct> on more than 3 ranks is invalid_argument on every rank", "[sim][direct]") {
-  auto errors = on_threads(4, "sim-direct-4", [&](comm_t& c, std::string& err) {
+// all_reduce<Algo> on n ranks, which Algo does not support: each rank refuses the
+// call itself before any payload moves, so invalid_argument everywhere, saying why.
+template <class Algo>
+void expect_refused_everywhere(int n, const std::string& why) {
+  const std::string name = std::string("all_reduce<") + Algo::name + "> on " + std::to_string(n) + " ranks";
+  auto errors = on_threads(n, "sim-refused-" + std::to_string(n), [&](comm_t& c, std::string& err) {
     std::vector<float> v(8, 1.0f);
     try {
-      plait::all_reduce<plait::direct>(c, std::span<float>(v), plait::sum{});
-      err = "all_reduce<direct> on 4 ranks returned";
+      plait::all_reduce<Algo>(c, std::span<float>(v), plait::sum{});
+      err = name + " returned";
     } catch (const plait::error& e) {
-      // Each rank refuses the call itself before any payload moves: invalid_argument everywhere.
       if (e.code() != plait::errc::invalid_argument)
-        err = std::string("expected invalid_argument, got ") + e.what();
-      else if (std::string(e.what()).find("2 or 3 ranks") == std::string::npos)
-        err = std::string("the message does not say why: ") + e.what();
+        err = name + ": expected invalid_argument, got " + e.what();
+      else if (std::string(e.what()).find(why) == std::string::npos)
+        err = name + ": the message does not say why: " + e.what();
     }
   });
   for (auto& e : errors) CHECK(e == "");
 }
 
+TEST_CASE("all_reduce<direct> on more than 3 ranks is invalid_argument on every rank", "[sim][direct]") {
+  expect_refused_everywhere<plait::direct>(4, "2 or 3 ranks");
+}
+
 TEST_CASE("all_reduce<recursive_doubling> on 3 or 6 ranks is invalid_argument on every rank", "[sim][doubling]") {
-  const int n = GENERATE(3, 6);
-  auto errors = on_threads(n, "sim-doubling-" + std::to_string(n), [&](comm_t& c, std::string& err) {
-    std::vector<float> v(8, 1.0f);
-    try {
-      plait::all_reduce<plait::recursive_doubling>(c, std::span<float>(v), plait::sum{});
-      err = "all_reduce<recursive_doubling> on " + std::to_string(n) + " ranks returned";
-    } catch (const plait::error& e) {
-      if (e.code() != plait::errc::invalid_argument)
-        err = std::string("expected invalid_argument, got ") + e.what();
-      else if (std::string(e.what()).find("power-of-two") == std::string::npos)
-        err = std::string("the message does not say why: ") + e.what();
-    }
-  });
-  for (auto& e : errors) CHECK(e == "");
+  expect_refused_everywhere<plait::recursive_doubling>(GENERATE(3, 6), "power-of-two");
 }
 
 // Floats with rounding: every rank must still hold the same bits, whichever
