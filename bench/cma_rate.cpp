@@ -83,7 +83,8 @@ void measure(std::size_t total, std::size_t chunk, bool huge) {
     }
   });
   const double copy = gbps(total, [&] {
-    for (std::size_t off = 0; off < total; off += chunk) std::memcpy(dst + off, local + off, std::min(chunk, total - off));
+    for (std::size_t off = 0; off < total; off += chunk)
+      std::memcpy(dst + off, local + off, std::min(chunk, total - off));
   });
   std::printf("%-22s  %8zu  %10zu  %8.2f  %8.2f\n", huge ? "transparent huge pages" : "4 KiB pages", total, chunk, cma,
               copy);

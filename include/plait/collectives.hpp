@@ -172,10 +172,10 @@ request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out
             "all_reduce<recursive_doubling> needs a power-of-two number of ranks; use ring or tree");
   auto p = b.sp(out.size());
   request r;
-  b.finish(algo == tree::id                   ? tree::all_reduce(p)
-           : algo == direct::id               ? direct::all_reduce(p)
-           : algo == recursive_doubling::id   ? recursive_doubling::all_reduce(p)
-                                              : ring::all_reduce(p),
+  b.finish(algo == tree::id                 ? tree::all_reduce(p)
+           : algo == direct::id             ? direct::all_reduce(p)
+           : algo == recursive_doubling::id ? recursive_doubling::all_reduce(p)
+                                            : ring::all_reduce(p),
            in.data(), out.data(), async, &r);
   return r;
 }

@@ -83,8 +83,8 @@ void add_all_reduce(case_list<Tr>& cs, int n, std::size_t count) {
   if (recursive_doubling::supports(n)) {  // power-of-two ranks (others are invalid_argument)
     cs.push_back({label<T, Op>("all_reduce<recursive_doubling> out of place", n, count),
                   out_of_place(recursive_doubling{}), expect});
-    cs.push_back({label<T, Op>("all_reduce<recursive_doubling> in place", n, count),
-                  in_place(recursive_doubling{}), expect});
+    cs.push_back(
+        {label<T, Op>("all_reduce<recursive_doubling> in place", n, count), in_place(recursive_doubling{}), expect});
   }
   cs.push_back({label<T, Op>("all_reduce<automatic> in place", n, count), in_place(automatic{}), expect});
   cs.push_back({label<T, Op>("all_reduce_async<ring>", n, count),
@@ -133,7 +133,8 @@ void add_others(case_list<Tr>& cs, int n, std::size_t count) {
   auto scatter_ref = [=](int r) {
     return to_blob(reference_all_reduce<T, Op>(n, count, Op{}, static_cast<std::size_t>(r) * count));
   };
-  cs.push_back({label<T, Op>("all_gather<ring>", n, count), gather(ring{}), [gather_ref](int) { return gather_ref(); }});
+  cs.push_back(
+      {label<T, Op>("all_gather<ring>", n, count), gather(ring{}), [gather_ref](int) { return gather_ref(); }});
   cs.push_back(
       {label<T, Op>("all_gather<direct>", n, count), gather(direct{}), [gather_ref](int) { return gather_ref(); }});
   cs.push_back({label<T, Op>("all_gather<automatic>", n, count), gather(automatic{}),
