@@ -150,6 +150,7 @@ TEST_CASE("all_reduce leaves the same bits on every rank for inexact floats", "[
       const auto& a = got[static_cast<std::size_t>(k * n)];
       const auto& b = got[static_cast<std::size_t>(k * n + r)];
       REQUIRE(a.size() == b.size());
+      if (a.empty()) continue;  // this algorithm does not run on n ranks
       CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     }
   }
