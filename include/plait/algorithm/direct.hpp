@@ -171,11 +171,11 @@ struct automatic {
   static constexpr std::size_t direct_below_bytes(int ranks) noexcept { return ranks == 2 ? 256 * 1024 : 16 * 1024; }
   // log2(n) exchanges beat the tree's 2 log2(n) hops while latency dominates: on 4
   // ranks below 64 KiB (4K: 10.9 vs 16.2 us), on 8 below 32 KiB (docs/performance.md).
+  static constexpr std::size_t doubling_below_bytes(int ranks) noexcept { return ranks == 4 ? 64 * 1024 : 32 * 1024; }
   // reduce_scatter (S the whole input): direct below this, ring above. Measured on 4
   // ranks: 4K 16.7 vs 23.5 us, even at 16K, the ring ahead from 64K. all_gather stays
   // on the ring: with 4 ranks it already answers 4K in 8.6 us (direct 8.8) and wins above.
   static constexpr std::size_t scatter_direct_below_bytes(int ranks) noexcept { return ranks >= 4 ? 16 * 1024 : 0; }
-  static constexpr std::size_t doubling_below_bytes(int ranks) noexcept { return ranks == 4 ? 64 * 1024 : 32 * 1024; }
 };
 
 }  // namespace plait
