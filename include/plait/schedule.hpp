@@ -139,4 +139,13 @@ void for_each_slice(std::size_t count, std::size_t slice, F&& f) {
   for (std::size_t off = 0; off < count; off += slice) f(off, count - off < slice ? count - off : slice);
 }
 
+// A world of one: every slice of input copied to output, finalized (avg divides by 1).
+// all_reduce and reduce_scatter on a single rank, in every algorithm.
+inline schedule local_copy(std::size_t count, std::size_t slice) {
+  schedule out;
+  for_each_slice(count, slice,
+                 [&](std::size_t off, std::size_t len) { out.push_back(copy(region::input, off, off, len, true)); });
+  return out;
+}
+
 }  // namespace plait::detail

@@ -117,11 +117,8 @@ struct direct {
     using namespace detail;
     schedule out;
     const int n = p.size, r = p.rank;
+    if (n == 1) return local_copy(p.count, p.slice_elems);
     for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
-      if (n == 1) {
-        out.push_back(copy(region::input, off, off, len, true));
-        return;
-      }
       step send_all = send((r + 1) % n, region::input, off, len);
       if (n == 3) send_all.send_peer[1] = (r + 2) % n;
       out.push_back(send_all);

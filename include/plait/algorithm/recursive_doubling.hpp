@@ -28,11 +28,8 @@ struct recursive_doubling {
     using namespace detail;
     schedule out;
     const int n = p.size, r = p.rank;
+    if (n == 1) return local_copy(p.count, p.slice_elems);
     for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
-      if (n == 1) {
-        out.push_back(copy(region::input, off, off, len, true));
-        return;
-      }
       for (int bit = 1; bit < n; bit <<= 1) {
         const int partner = r ^ bit;
         // Round 0 reads the input; later rounds the partial result in the output.

@@ -31,12 +31,7 @@ struct ring {
     using namespace detail;
     schedule out;
     const int n = p.size, r = p.rank;
-    if (n == 1) {
-      for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
-        out.push_back(copy(region::input, off, off, len, true));
-      });
-      return out;
-    }
+    if (n == 1) return local_copy(p.count, p.slice_elems);
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
     const std::size_t round = p.slice_elems * static_cast<std::size_t>(n);
     for_each_slice(p.count, round, [&](std::size_t base, std::size_t len) {
@@ -89,14 +84,11 @@ struct ring {
     using namespace detail;
     schedule out;
     const int n = p.size, r = p.rank;
+    if (n == 1) return local_copy(p.count, p.slice_elems);
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
     // c(s) = (r - s - 1) mod n, so that the last step (s = n-1) reduces this rank's own block.
     auto block = [&](int s) { return static_cast<std::size_t>(((r - s - 1) % n + n) % n) * p.count; };
     for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
-      if (n == 1) {
-        out.push_back(copy(region::input, off, off, len, true));
-        return;
-      }
       out.push_back(send(next, region::input, block(0) + off, len));
       for (int s = 1; s <= n - 2; ++s) out.push_back(recv_reduce_send(prev, block(s) + off, next, len));
       step last = recv_reduce_send(prev, block(n - 1) + off, -1, len);
