@@ -9,8 +9,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <plait/bootstrap/store_context.hpp>
@@ -41,6 +43,15 @@ inline comm_config config_from_env() {
     if (*t > std::chrono::seconds(1))
       throw error(errc::invalid_argument, "PLAIT_POLL is out of range: use 0 to 1 second");
     cfg.poll = *t;
+  }
+  if (const char* v = std::getenv("PLAIT_PROGRESS")) {
+    const std::string_view s(v);
+    if (s == "caller")
+      cfg.waiter_io = true;
+    else if (s == "thread")
+      cfg.waiter_io = false;
+    else
+      throw bad_env("PLAIT_PROGRESS", s, "caller or thread");
   }
   return cfg;
 }

@@ -106,6 +106,7 @@ class executor {
   // the peer whose slot did not match for a mismatch), `code` what it was.
   void send_notice(const call_desc& d, clock::time_point deadline, int culprit, errc code) noexcept {
     if (links_ == nullptr) return;
+    links_->release_io(false);  // the transport's own thread delivers them (this wait moves no bytes)
     slot_header h;
     h.flags = slot_error_notice;
     h.sender = rank_;

@@ -123,6 +123,18 @@ class link_set {
   // Throws plait::error if the link to `peer` has failed (dead peer, protocol error).
   virtual void health(int peer) = 0;
 
+  // Waiter-driven I/O, for transports that move bytes with a thread of their own (tcp);
+  // the defaults do nothing. While the executor polls for news it calls progress():
+  // move whatever can move now without blocking, in the calling thread, and return
+  // true when there is news (a slot arrived, a send slot freed, a link failed). The
+  // transport's thread stays out of the way meanwhile, so on a busy host one thread per
+  // rank does the work, not two. release_io() hands the I/O back to the transport's
+  // thread: before the executor sleeps (leaving = false), and when it leaves a call
+  // (leaving = true: it may keep the I/O if nothing is left to send). Both may be
+  // called from any thread that drives calls, concurrently with the calls above.
+  virtual bool progress() noexcept { return false; }
+  virtual void release_io(bool leaving) noexcept { (void)leaving; }
+
   // Best effort, never throws: tell every peer this rank is going away or has failed,
   // and why. A peer that still waits on this rank reports peer_lost naming
   // why.culprit when it is set (this rank lost that one), else this rank.

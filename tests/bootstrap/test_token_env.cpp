@@ -205,9 +205,15 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   CHECK(set.poll == std::chrono::microseconds(50));
   env.set("PLAIT_POLL", "0");
   CHECK(config_from_env().poll.count() == 0);
+  CHECK(config_from_env().waiter_io);  // the default: a waiting rank moves its bytes
+  env.set("PLAIT_PROGRESS", "thread");
+  CHECK_FALSE(config_from_env().waiter_io);
+  env.set("PLAIT_PROGRESS", "caller");
+  CHECK(config_from_env().waiter_io);
   const std::pair<const char*, const char*> bad[] = {{"PLAIT_SLICE_BYTES", "32"}, {"PLAIT_SLICE_BYTES", "65M"},
                                                      {"PLAIT_DEPTH", "0"},        {"PLAIT_DEPTH", "65"},
-                                                     {"PLAIT_POLL", "2"},         {"PLAIT_POLL", "fast"}};
+                                                     {"PLAIT_POLL", "2"},         {"PLAIT_POLL", "fast"},
+                                                     {"PLAIT_PROGRESS", "Thread"}, {"PLAIT_PROGRESS", ""}};
   for (auto [name, value] : bad) {
     CAPTURE(name, value);
     scoped_env one;

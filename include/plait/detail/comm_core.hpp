@@ -36,6 +36,10 @@ struct comm_config {
   // How long a waiting rank polls before it sleeps; negative: automatic (the
   // doorbell's dedicated_spin, or oversubscribed_spin with more ranks than cores).
   std::chrono::nanoseconds poll{-1};
+  // Who moves a transport's bytes while a rank waits: the waiting thread itself
+  // (link_set::progress, handing back to the transport's thread when it sleeps), or
+  // always the transport's own thread (tcp's progress thread).
+  bool waiter_io = true;
 };
 
 class comm_core {
@@ -172,7 +176,10 @@ class comm_core {
         const bool health = now - last_health > std::chrono::milliseconds(20);
         if (health) last_health = now;
         drive_once(now, health);
-        if (done()) return;
+        if (done()) {
+          if (links_ && cfg_.waiter_io) links_->release_io(true);
+          return;
+        }
         for (auto& f : active_) next_deadline = std::min(next_deadline, f->c->deadline);
         stuck = stalled_call(now);
       }
@@ -181,9 +188,19 @@ class comm_core {
       auto bound = std::chrono::duration_cast<std::chrono::nanoseconds>(executor::max_sleep);
       if (next_deadline != clock::time_point::max() && next_deadline - now < bound)
         bound = std::max(std::chrono::nanoseconds(0), std::chrono::nanoseconds(next_deadline - now));
-      bell_.wait(seen, bound);
+      if (links_ && cfg_.waiter_io)
+        bell_.wait(seen, bound, waiter{links_.get()});
+      else
+        bell_.wait(seen, bound);
     }
   }
+
+  // A waiting rank moves its transport's bytes itself (doorbell::wait's Io).
+  struct waiter {
+    link_set* links;
+    bool progress() noexcept { return links->progress(); }
+    void release() noexcept { links->release_io(false); }
+  };
 
   // The oldest call in flight, if it has not moved for a while (holds engine_mutex_).
   std::optional<call_desc> stalled_call(clock::time_point now) {

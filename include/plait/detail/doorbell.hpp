@@ -49,6 +49,13 @@ inline void cpu_relax() noexcept {
 
 class doorbell {
  public:
+  // A waiter that moves no bytes itself.
+  struct no_io {
+    static bool progress() noexcept { return false; }
+    static void release() noexcept {}
+  };
+
+
   doorbell() : word_(&own_) {}
   doorbell(const doorbell&) = delete;
   doorbell& operator=(const doorbell&) = delete;
@@ -74,7 +81,14 @@ class doorbell {
   // hands the core to a peer that has work, which costs a few microseconds, while a
   // sleeping rank's wake-up costs tens; but a rank that waits long should leave the
   // core to the others altogether.
-  void wait(std::uint32_t seen, std::chrono::nanoseconds bound) noexcept {
+  void wait(std::uint32_t seen, std::chrono::nanoseconds bound) noexcept { wait(seen, bound, no_io{}); }
+
+  // The same, for a waiter that moves its transport's bytes itself while it polls
+  // (link_set::progress): io.progress() is called at every look and ends the wait
+  // when it returns true (news); io.release() is called before sleeping, so that the
+  // transport's own thread moves the bytes while this one sleeps.
+  template <class Io>
+  void wait(std::uint32_t seen, std::chrono::nanoseconds bound, Io&& io) noexcept {
     const auto poll = std::min(spin_, bound);
     if (poll.count() > 0) {
       const auto start = std::chrono::steady_clock::now();
@@ -84,11 +98,13 @@ class doorbell {
           cpu_relax();
           continue;
         }
+        if (io.progress()) return;
         const auto spent = std::chrono::steady_clock::now() - start;
         if (spent >= poll) break;
         if (spent >= pure_spin) sched_yield();
       }
     }
+    io.release();
     word_->sleepers.fetch_add(1, std::memory_order_acq_rel);
     if (word_->count.load(std::memory_order_acquire) == seen) futex_wait_for(&word_->count, seen, bound - poll);
     word_->sleepers.fetch_sub(1, std::memory_order_acq_rel);

@@ -31,6 +31,11 @@ class links final : public link_set {
   slot_view peek(int peer) override { return at(peer)->peek(peer); }
   void release(int peer) override { at(peer)->release(peer); }
   void health(int peer) override { at(peer)->health(peer); }
+  bool progress() noexcept override { return (local_ && local_->progress()) | (remote_ && remote_->progress()); }
+  void release_io(bool leaving) noexcept override {
+    if (local_) local_->release_io(leaving);
+    if (remote_) remote_->release_io(leaving);
+  }
   void close(close_reason why = {}) noexcept override {
     if (local_) local_->close(why);
     if (remote_) remote_->close(why);

@@ -1,6 +1,6 @@
 // frame_reader: turns the bytes of one non-blocking socket into frames (tcp_wire.hpp).
 //
-// Used by the progress thread only. A slot's payload is read straight into the
+// Used by the link's I/O side only. A slot's payload is read straight into the
 // destination the sink gives for it (no copy for large slots); everything else lands
 // in a 64 KiB staging buffer and is parsed from there, frames split across any number
 // of reads included. The sink (tcp_link) decides what a frame means:

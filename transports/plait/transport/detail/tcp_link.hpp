@@ -1,13 +1,15 @@
 // One TCP link: the two slot FIFOs to one peer and the byte stream that connects them.
 //
-// Two threads touch a link, each through its own half:
+// Two sides touch a link, each through its own half:
 //   executor thread: acquire/post (send FIFO) and peek/release (receive FIFO), never
 //     blocking and never allocating; it publishes with the counters posted_/released_;
-//   progress thread: pump_rx()/pump_tx() on the non-blocking socket; it publishes with
-//     arrived_/sent_. Each counter has one writer (single-producer/single-consumer).
+//   I/O side: pump_rx()/pump_tx() on the non-blocking socket, by the link set's
+//     progress thread or by a waiting executor (tcp_link_set::progress), one at a time
+//     under the link set's I/O mutex; it publishes with arrived_/sent_. Each counter has
+//     one writer side (single-producer/single-consumer).
 // Flow control is by credits: the sender starts with `depth` and spends one per data
 // frame; the receiver returns one per release(). So a data frame always finds a free
-// receive slot, the progress thread can always drain the socket, and control frames
+// receive slot, the I/O side can always drain the socket, and control frames
 // (credits, closing) are never stuck behind data the executor has not consumed.
 // Failures (end-of-stream, reset, garbage) are recorded once per link, with a message,
 // under a mutex; health() reads them (see tcp_link_set for when they are raised).
@@ -81,7 +83,7 @@ class tcp_link {
         send_(depth, slot_bytes),
         recv_(depth, slot_bytes),
         credits_(depth) {
-    plait::detail::set_nonblocking(fd_.get(), true);  // the progress thread must never block in I/O
+    plait::detail::set_nonblocking(fd_.get(), true);  // neither I/O driver may block in I/O
   }
 
   int peer() const noexcept { return peer_; }
@@ -141,7 +143,7 @@ class tcp_link {
 
   link_state state() const noexcept { return state_.load(std::memory_order_acquire); }
 
-  // ---- progress thread ------------------------------------------------------------
+  // ---- I/O side (under the link set's I/O mutex) -------------------------------------
 
   // Reads everything the socket has; returns true when the executor has news.
   bool pump_rx() {
@@ -228,6 +230,15 @@ class tcp_link {
       return !closing_sent_ || (sent_local_ < posted_limit_ && credits_ > 0) || sent_local_ == posted_limit_;
     if (released_.load(std::memory_order_seq_cst) != credited_) return true;
     return credits_ > 0 && posted_.load(std::memory_order_seq_cst) != sent_local_;
+  }
+
+  // Anything this rank still owes the peer, whether or not it can go now: a frame or
+  // control bytes half written, a posted slot not sent, credits not returned.
+  bool tx_pending() const noexcept {
+    if (tx_done_) return false;
+    if (ctl_off_ < ctl_len_ || frame_off_ > 0 || closing_) return true;
+    return released_.load(std::memory_order_seq_cst) != credited_ ||
+           posted_.load(std::memory_order_seq_cst) != sent_local_;
   }
 
   short poll_events() const noexcept {
@@ -458,12 +469,12 @@ class tcp_link {
   std::uint64_t released_local_ = 0;
   bool send_after_failure_ = false;
 
-  // Progress thread only: receive side.
+  // I/O side only: receive side.
   alignas(64) std::uint64_t arrived_local_ = 0;
   frame_reader reader_;
   bool rx_done_ = false;
 
-  // Progress thread only: send side.
+  // I/O side only: send side.
   std::uint64_t sent_local_ = 0;
   std::size_t frame_off_ = 0;        // bytes of frame sent_local_ already written
   std::uint64_t credits_;            // frames that may start now

@@ -89,7 +89,17 @@ class tcp_link_set final : public link_set {
   }
 
   void post(int peer, const plait::detail::slot_header& header) override {
-    link(peer).post(header);
+    tcp_link& l = link(peer);
+    l.post(header);
+    if (executor_io_.load(std::memory_order_seq_cst)) {
+      // The executor moves the bytes: the frame leaves now, with any credits owed.
+      std::unique_lock lock(io_mutex_, std::try_to_lock);
+      if (lock.owns_lock()) {
+        l.on_writable();
+        l.pump_tx();
+        return;
+      }
+    }
     wake();
   }
 
@@ -97,7 +107,54 @@ class tcp_link_set final : public link_set {
 
   void release(int peer) override {
     link(peer).release();
-    wake();
+    if (!executor_io_.load(std::memory_order_seq_cst)) wake();  // else the credit goes with the next pump
+  }
+
+  // Reads and writes every socket as far as it goes now, in the calling thread; the
+  // progress thread stays parked until release_io(). Failures are recorded on the
+  // links as the thread would record them.
+  bool progress() noexcept override {
+    if (links_.empty() || close_requested_.load(std::memory_order_acquire)) return false;
+    if (!executor_io_.load(std::memory_order_relaxed)) executor_io_.store(true, std::memory_order_seq_cst);
+    std::unique_lock lock(io_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;  // the thread is mid-pass; it parks after it
+    try {
+      bool news = false;
+      for (auto& l : links_) {
+        l->on_writable();
+        news |= l->pump_rx();
+        news |= l->pump_tx();
+      }
+      return news;
+    } catch (const std::exception& e) {
+      lock.unlock();
+      fail_all(std::string("TCP I/O failed: ") + e.what());
+      return true;
+    }
+  }
+
+  void release_io(bool leaving) noexcept override {
+    if (!executor_io_.load(std::memory_order_relaxed)) return;
+    if (leaving) {
+      // Keep the I/O while nothing is owed: a rank between calls then costs the peers
+      // nothing, and the next call's first wait pumps again.
+      std::unique_lock lock(io_mutex_, std::try_to_lock);
+      if (lock.owns_lock()) {
+        bool pending = false;
+        try {
+          for (auto& l : links_) {
+            l->on_writable();
+            l->pump_tx();
+            pending = pending || l->tx_pending();
+          }
+        } catch (...) {
+          pending = true;
+        }
+        if (!pending) return;
+      }
+    }
+    executor_io_.store(false, std::memory_order_seq_cst);
+    kick();
   }
 
   void health(int peer) override {
@@ -160,6 +217,7 @@ class tcp_link_set final : public link_set {
     } catch (...) {
       fail_all("the TCP progress thread failed with an unknown exception");
     }
+    std::lock_guard lock(io_mutex_);
     for (auto& l : links_) l->shut_down();
     settled_.store(true, std::memory_order_release);  // nothing more can leave: stop lingering
   }
@@ -174,43 +232,56 @@ class tcp_link_set final : public link_set {
     bell_->ring();
   }
 
+  // One pass: pump what poll() reported, then sleep in poll() until there is more.
+  // While an executor drives the I/O (executor_io_) the thread is parked: it skips
+  // the pump and sleeps on the eventfd alone, which release_io() and close() kick.
   void loop() {
     bool closing = false;
     while (!stop_.load(std::memory_order_acquire)) {
-      if (!closing && close_requested_.load(std::memory_order_acquire)) {
-        closing = true;
-        const close_reason why{static_cast<errc>(close_code_.load(std::memory_order_relaxed)),
-                               close_culprit_.load(std::memory_order_relaxed)};
-        for (auto& l : links_) l->begin_close(why);
-      }
-      bool news = false;
-      for (std::size_t i = 0; i < links_.size(); ++i) {
-        tcp_link& l = *links_[i];
-        const short re = pollfds_[i + 1].revents;
-        pollfds_[i + 1].revents = 0;
-        if (re & (POLLOUT | POLLERR | POLLHUP)) l.on_writable();
-        if (re & (POLLIN | POLLERR | POLLHUP)) news |= l.pump_rx();
-        news |= l.pump_tx();
-      }
-      if (news) bell_->ring();
-      if (closing && !settled_.load(std::memory_order_relaxed)) {
-        bool all = true;
-        for (auto& l : links_) all = all && l->settled();
-        if (all) settled_.store(true, std::memory_order_release);
-      }
+      bool work = false;
+      bool parked = false;
+      int timeout_ms = 100;
+      {
+        std::lock_guard lock(io_mutex_);
+        if (!closing && close_requested_.load(std::memory_order_acquire)) {
+          closing = true;
+          const close_reason why{static_cast<errc>(close_code_.load(std::memory_order_relaxed)),
+                                 close_culprit_.load(std::memory_order_relaxed)};
+          for (auto& l : links_) l->begin_close(why);
+        }
+        parked = !closing && executor_io_.load(std::memory_order_seq_cst);
+        bool news = false;
+        for (std::size_t i = 0; i < links_.size(); ++i) {
+          tcp_link& l = *links_[i];
+          const short re = pollfds_[i + 1].revents;
+          pollfds_[i + 1].revents = 0;
+          if (parked) continue;
+          if (re & (POLLOUT | POLLERR | POLLHUP)) l.on_writable();
+          if (re & (POLLIN | POLLERR | POLLHUP)) news |= l.pump_rx();
+          news |= l.pump_tx();
+        }
+        if (news) bell_->ring();
+        if (closing && !settled_.load(std::memory_order_relaxed)) {
+          bool all = true;
+          for (auto& l : links_) all = all && l->settled();
+          if (all) settled_.store(true, std::memory_order_release);
+        }
 
-      sleeping_.store(true, std::memory_order_seq_cst);
-      bool work =
-          stop_.load(std::memory_order_seq_cst) || (!closing && close_requested_.load(std::memory_order_seq_cst));
-      for (auto& l : links_) work = work || l->tx_ready();
-      if (!work) {
+        sleeping_.store(true, std::memory_order_seq_cst);
+        work = stop_.load(std::memory_order_seq_cst) || (!closing && close_requested_.load(std::memory_order_seq_cst));
+        if (parked)
+          work = work || !executor_io_.load(std::memory_order_seq_cst);  // handed back meanwhile
+        else
+          for (auto& l : links_) work = work || l->tx_ready();
         pollfds_[0] = {wake_fd_.get(), POLLIN, 0};
         for (std::size_t i = 0; i < links_.size(); ++i) {
-          const short ev = links_[i]->poll_events();
+          const short ev = parked ? 0 : links_[i]->poll_events();
           pollfds_[i + 1] = {ev != 0 ? links_[i]->fd() : -1, ev, 0};
         }
         // While closing, acknowledgements arrive without an event: look again soon.
-        const int timeout_ms = closing && !settled_.load(std::memory_order_relaxed) ? 1 : 100;
+        if (closing && !settled_.load(std::memory_order_relaxed)) timeout_ms = 1;
+      }
+      if (!work) {
         if (::poll(pollfds_.data(), pollfds_.size(), timeout_ms) < 0 && errno != EINTR)
           throw error(errc::system, "poll failed: " + plait::detail::errno_text(errno), rank_);
         if (pollfds_[0].revents & POLLIN) {
@@ -219,6 +290,8 @@ class tcp_link_set final : public link_set {
             // EAGAIN: another read already drained it
           }
         }
+      } else {
+        for (auto& p : pollfds_) p.revents = 0;
       }
       sleeping_.store(false, std::memory_order_seq_cst);
     }
@@ -234,6 +307,10 @@ class tcp_link_set final : public link_set {
   plait::detail::fd_handle wake_fd_;
   std::vector<pollfd> pollfds_;  // progress thread only; [0] is the eventfd
   std::atomic<bool> sleeping_{false};
+  // Who moves the bytes: the progress thread, or (true) an executor in progress().
+  // The I/O side of every link (pump_*, begin_close, settled) runs under io_mutex_.
+  std::atomic<bool> executor_io_{false};
+  std::mutex io_mutex_;
   std::atomic<bool> close_requested_{false};
   std::atomic<bool> close_claimed_{false};
   std::atomic<bool> deliver_{true};
