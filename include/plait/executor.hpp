@@ -7,6 +7,10 @@
 // deadline, an abort or a failed peer into the call's error while waiting.
 // Each step is one pass of the fused kernel: it reads the received slots and the
 // local source, and writes the output and the outgoing slots directly (no staging).
+// Where the transport can send from the caller's memory (tcp) and the result is
+// already there (the output the step writes, or the source of a plain send), it is
+// sent from there instead of a slot; the call then holds that memory until the
+// bytes have left: no later step writes over it, and the call is done only then.
 // Every received slot is checked against the call: a different call description is
 // `mismatch` naming both sides; an error notice from a peer is `mismatch` naming it.
 // Not thread-safe: one call is driven by one thread at a time.
@@ -48,6 +52,16 @@ struct call {
   // a peer's FIFO only once every earlier call is done with it (per-pair order).
   std::vector<std::uint32_t> sends_left, recvs_left;
   int gave_up_on = -1;  // a peer closed after timing out waiting for this rank: name it at the deadline
+  // Sends whose payload the transport still reads from this call's buffers
+  // (link_set::post_from): no step may write over them, and the call is not done,
+  // until they have left.
+  struct pending_send {
+    int peer;
+    std::uint64_t ticket;
+    const std::byte* begin;
+    const std::byte* end;
+  };
+  std::vector<pending_send> pending;
 
   void count_peers(int size) {
     sends_left.assign(static_cast<std::size_t>(size), 0);
@@ -59,7 +73,7 @@ struct call {
         if (p >= 0) ++recvs_left[static_cast<std::size_t>(p)];
     }
   }
-  bool done() const noexcept { return next >= steps.size(); }
+  bool done() const noexcept { return next >= steps.size() && pending.empty(); }
 };
 
 class executor {
@@ -85,8 +99,12 @@ class executor {
         if (p >= 0) --c.recvs_left[static_cast<std::size_t>(p)];
       ++c.next;
     }
-    return true;
+    return drained(c, nullptr, nullptr);
   }
+
+  // Sends from the caller's memory are worth it from this size (below it the copy
+  // into the slot costs less than keeping track).
+  static constexpr std::size_t min_send_from_memory = 16 * 1024;
 
   // Throws if the call cannot go on: aborted, past its deadline, or a peer it waits
   // on has failed. Called between advances, while waiting.
@@ -143,6 +161,23 @@ class executor {
     return false;
   }
 
+  // Forgets the sends from memory that have left; true when none is left that
+  // overlaps [begin, end) (none at all when begin is null).
+  bool drained(call& c, const std::byte* begin, const std::byte* end) {
+    bool clear = true;
+    for (std::size_t i = 0; i < c.pending.size();) {
+      const call::pending_send& p = c.pending[i];
+      if (links_->sent(p.peer, p.ticket)) {
+        c.pending[i] = c.pending.back();
+        c.pending.pop_back();
+        continue;
+      }
+      if (begin == nullptr || (p.begin < end && begin < p.end)) clear = false;
+      ++i;
+    }
+    return clear;
+  }
+
   bool try_step(call& c, const step& s) {
     // Sources in reduction order: the received slots, with the local source at
     // position src_pos among them (0: first).
@@ -152,6 +187,21 @@ class executor {
     const std::byte* local = nullptr;
     if (s.src != region::none) local = (s.src == region::input ? c.input : c.output) + s.src_offset * c.elem_size;
     const std::size_t bytes = s.count * c.elem_size;
+    std::byte* out = s.write_output ? c.output + s.out_offset * c.elem_size : nullptr;
+    // A send still reading the memory this step writes goes first.
+    if (out != nullptr && !c.pending.empty() && !drained(c, out, out + bytes)) return false;
+    // Where the result already is in the caller's memory (the output this step
+    // writes, or the local source of a plain send), the transport may send it from
+    // there instead of from a slot the kernel fills.
+    const std::byte* from = nullptr;
+    if (links_ != nullptr && bytes >= min_send_from_memory && s.sends() > 0) {
+      if (out != nullptr)
+        from = out;
+      else if (s.recvs() == 0 && local != nullptr && !s.finalize)
+        from = local;
+      for (int p : s.send_peer)
+        if (p >= 0 && from != nullptr && !links_->sends_from_memory(p)) from = nullptr;
+    }
     int received = 0;
     for (int p : s.recv_peer) {
       if (p < 0) continue;
@@ -167,9 +217,9 @@ class executor {
       if (p < 0) continue;
       std::byte* slot = links_->acquire(p);
       if (slot == nullptr) return false;
-      dsts[nd++] = slot;
+      if (from == nullptr) dsts[nd++] = slot;
     }
-    if (s.write_output) dsts[nd++] = c.output + s.out_offset * c.elem_size;
+    if (out != nullptr) dsts[nd++] = out;
     if (s.count > 0 && ns > 0 && nd > 0) c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
     for (int p : s.send_peer) {
       if (p < 0) continue;
@@ -178,7 +228,12 @@ class executor {
       h.sender = rank_;
       h.offset = s.src_offset;
       h.desc = c.desc;
-      links_->post(p, h);
+      if (from == nullptr) {
+        links_->post(p, h);
+      } else {
+        const std::uint64_t ticket = links_->post_from(p, h, from);
+        if (!links_->sent(p, ticket)) c.pending.push_back({p, ticket, from, from + bytes});
+      }
     }
     for (int p : s.recv_peer)
       if (p >= 0) links_->release(p);
@@ -238,7 +293,10 @@ class executor {
   // left does not, unless this rank still needs it. Notices are looked for first:
   // a peer that failed and then left is reported for its failure, not its leaving.
   void check_peers(call& c) {
-    if (c.next >= c.steps.size()) return;
+    if (c.next >= c.steps.size()) {
+      for (const call::pending_send& p : c.pending) links_->health(p.peer);  // its last sends still leaving
+      return;
+    }
     const step& s = c.steps[c.next];
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || !links_->reaches(p)) continue;
@@ -284,6 +342,10 @@ class executor {
             who = "rank " + std::to_string(p) + " to drain its receive slots";
             break;
           }
+    }
+    if (c.next >= c.steps.size() && !c.pending.empty()) {
+      peer = c.pending.front().peer;
+      who = "rank " + std::to_string(peer) + " to take its last data";
     }
     if (c.gave_up_on >= 0 && c.gave_up_on != rank_) {
       peer = c.gave_up_on;

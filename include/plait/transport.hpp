@@ -25,6 +25,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -114,6 +115,28 @@ class link_set {
   // slot. post() publishes the slot last acquired for `peer`.
   virtual std::byte* acquire(int peer) = 0;
   virtual void post(int peer, const detail::slot_header& header) = 0;
+
+  // Sends from the caller's memory (optional; the defaults say no). Where
+  // sends_from_memory(peer) holds, post_from() publishes the slot last acquired for
+  // `peer` with its payload read from `payload` instead of the slot, and returns a
+  // ticket: the memory must stay unchanged until sent(peer, ticket) is true (the
+  // bytes have left it). detach() copies every such payload not yet sent into its
+  // slot, so the memory is free at once: a failed call does it before it returns.
+  virtual bool sends_from_memory(int peer) const {
+    (void)peer;
+    return false;
+  }
+  virtual std::uint64_t post_from(int peer, const detail::slot_header& header, const std::byte* payload) {
+    if (header.bytes > 0) std::memcpy(acquire(peer), payload, header.bytes);  // no such path: copy
+    post(peer, header);
+    return 0;
+  }
+  virtual bool sent(int peer, std::uint64_t ticket) {
+    (void)peer;
+    (void)ticket;
+    return true;
+  }
+  virtual void detach() noexcept {}
 
   // Receive side. peek() returns the oldest full slot from `peer` (header not yet
   // validated beyond framing), or an empty view. release() frees it.

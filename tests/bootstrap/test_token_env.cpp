@@ -210,10 +210,9 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   CHECK_FALSE(config_from_env().waiter_io);
   env.set("PLAIT_PROGRESS", "caller");
   CHECK(config_from_env().waiter_io);
-  const std::pair<const char*, const char*> bad[] = {{"PLAIT_SLICE_BYTES", "32"}, {"PLAIT_SLICE_BYTES", "65M"},
-                                                     {"PLAIT_DEPTH", "0"},        {"PLAIT_DEPTH", "65"},
-                                                     {"PLAIT_POLL", "2"},         {"PLAIT_POLL", "fast"},
-                                                     {"PLAIT_PROGRESS", "Thread"}, {"PLAIT_PROGRESS", ""}};
+  const std::pair<const char*, const char*> bad[] = {
+      {"PLAIT_SLICE_BYTES", "32"}, {"PLAIT_SLICE_BYTES", "65M"}, {"PLAIT_DEPTH", "0"},         {"PLAIT_DEPTH", "65"},
+      {"PLAIT_POLL", "2"},         {"PLAIT_POLL", "fast"},       {"PLAIT_PROGRESS", "Thread"}, {"PLAIT_PROGRESS", ""}};
   for (auto [name, value] : bad) {
     CAPTURE(name, value);
     scoped_env one;

@@ -160,6 +160,44 @@ TEST_CASE("tcp sends a posted slot as header plus payload, and no more slots tha
   REQUIRE_NOTHROW(t.links->health(1));
 }
 
+TEST_CASE("tcp sends a payload from the caller's memory, and detach() frees that memory at once", "[tcp][frames]") {
+  raw_peer t;
+  REQUIRE(t.links->sends_from_memory(1));
+  std::vector<std::byte> user(3 * 200);
+  for (std::uint64_t i = 0; i < 3; ++i) plait::testing::fill_pattern(user.data() + i * 200, 200, 0, 1, i);
+  std::uint64_t ticket[3] = {};
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    const auto until = plait::clock::now() + 2s;
+    while (t.links->acquire(1) == nullptr && plait::clock::now() < until) std::this_thread::sleep_for(1ms);
+    REQUIRE(t.links->acquire(1) != nullptr);
+    ticket[i] = t.links->post_from(1, plait::testing::pattern_header(0, i, 200), user.data() + i * 200);
+  }
+  // Depth 2: two credits, so the third frame stays in this rank, read from `user`.
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    const auto h = t.receive<slot_header>();
+    REQUIRE(h.desc.sequence == i);
+    std::vector<std::byte> payload(h.bytes);
+    plait::detail::recv_all(t.raw.get(), payload.data(), payload.size(), plait::clock::now() + 5s);
+    for (std::size_t j = 0; j < payload.size(); ++j) REQUIRE(payload[j] == plait::testing::pattern_byte(0, 1, i, j));
+    CHECK(t.links->sent(1, ticket[i]));
+  }
+  CHECK(t.silent_for(50ms));
+  CHECK_FALSE(t.links->sent(1, ticket[2]));
+  // A failed call detaches: its buffer may be reused at once, and what goes out is
+  // what was posted.
+  t.links->detach();
+  std::fill(user.begin(), user.end(), std::byte{0xee});
+  t.send_control(control_type::credit, 2);
+  const auto h = t.receive<slot_header>();
+  REQUIRE(h.desc.sequence == 2);
+  std::vector<std::byte> payload(h.bytes);
+  plait::detail::recv_all(t.raw.get(), payload.data(), payload.size(), plait::clock::now() + 5s);
+  for (std::size_t j = 0; j < payload.size(); ++j) REQUIRE(payload[j] == plait::testing::pattern_byte(0, 1, 2, j));
+  const auto until = plait::clock::now() + 2s;
+  while (!t.links->sent(1, ticket[2]) && plait::clock::now() < until) std::this_thread::sleep_for(1ms);
+  CHECK(t.links->sent(1, ticket[2]));
+}
+
 TEST_CASE("tcp garbage from a peer is a protocol error naming it", "[tcp][frames]") {
   struct garbage_case {
     const char* name;

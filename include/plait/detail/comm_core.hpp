@@ -307,6 +307,9 @@ class comm_core {
 
   // Fails every call in flight with `e` (the communicator is broken). Holds engine_mutex_.
   void fail_all(std::exception_ptr e) {
+    // Payloads still to be sent from the failed calls' buffers move into the slots
+    // first: the caller may free its buffers once the call has thrown.
+    if (links_ && !active_.empty()) links_->detach();
     for (auto& f : active_) finish(*f, e);
     active_.clear();
   }

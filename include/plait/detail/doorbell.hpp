@@ -55,7 +55,6 @@ class doorbell {
     static void release() noexcept {}
   };
 
-
   doorbell() : word_(&own_) {}
   doorbell(const doorbell&) = delete;
   doorbell& operator=(const doorbell&) = delete;

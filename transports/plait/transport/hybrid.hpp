@@ -28,6 +28,15 @@ class links final : public link_set {
   std::size_t slot_bytes() const override { return local_->slot_bytes(); }
   std::byte* acquire(int peer) override { return at(peer)->acquire(peer); }
   void post(int peer, const plait::detail::slot_header& h) override { at(peer)->post(peer, h); }
+  bool sends_from_memory(int peer) const override { return at(peer)->sends_from_memory(peer); }
+  std::uint64_t post_from(int peer, const plait::detail::slot_header& h, const std::byte* payload) override {
+    return at(peer)->post_from(peer, h, payload);
+  }
+  bool sent(int peer, std::uint64_t ticket) override { return at(peer)->sent(peer, ticket); }
+  void detach() noexcept override {
+    if (local_) local_->detach();
+    if (remote_) remote_->detach();
+  }
   slot_view peek(int peer) override { return at(peer)->peek(peer); }
   void release(int peer) override { at(peer)->release(peer); }
   void health(int peer) override { at(peer)->health(peer); }

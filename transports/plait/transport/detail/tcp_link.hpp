@@ -82,6 +82,7 @@ class tcp_link {
         depth_(depth),
         send_(depth, slot_bytes),
         recv_(depth, slot_bytes),
+        external_(new const std::byte*[depth]()),
         credits_(depth) {
     plait::detail::set_nonblocking(fd_.get(), true);  // neither I/O driver may block in I/O
   }
@@ -100,7 +101,11 @@ class tcp_link {
     return send_.payload(posted_local_);
   }
 
-  void post(const slot_header& h) {
+  void post(const slot_header& h) { post_from(h, nullptr); }
+
+  // The same, the payload read from `payload` (caller's memory) when it is not null;
+  // returns the ticket sent() compares with.
+  std::uint64_t post_from(const slot_header& h, const std::byte* payload) {
     if (posted_local_ - sent_.load(std::memory_order_acquire) >= depth_)
       throw error(errc::invalid_argument, "post() to rank " + std::to_string(peer_) + " without a slot from acquire()",
                   rank_, peer_);
@@ -110,9 +115,14 @@ class tcp_link {
           "post() of " + std::to_string(h.bytes) + " bytes into a " + std::to_string(slot_bytes_) + "-byte slot", rank_,
           peer_);
     std::memcpy(send_.header(posted_local_), &h, sizeof h);
+    external_[posted_local_ % depth_] = h.bytes > 0 ? payload : nullptr;
     ++posted_local_;
     posted_.store(posted_local_, std::memory_order_seq_cst);  // seq_cst: pairs with the sleep check
+    return posted_local_;
   }
+
+  // Every slot up to `ticket` has left: its payload is no longer read.
+  bool sent(std::uint64_t ticket) const noexcept { return sent_.load(std::memory_order_acquire) >= ticket; }
 
   slot_view peek() const noexcept {
     if (arrived_.load(std::memory_order_acquire) == released_local_) return {};
@@ -184,16 +194,24 @@ class tcp_link {
       }
       const std::uint64_t limit = closing_ ? posted_limit_ : posted_.load(std::memory_order_acquire);
       std::uint64_t startable = credits_;
-      for (std::uint64_t i = sent_local_; i < limit && n < max_iov; ++i) {
+      for (std::uint64_t i = sent_local_; i < limit && n + 2 <= max_iov; ++i) {
         const bool started = i == sent_local_ && frame_off_ > 0;
         if (!started) {
           if (startable == 0) break;
           --startable;
         }
         const std::size_t off = i == sent_local_ ? frame_off_ : 0;
-        const std::size_t len = sizeof(slot_header) + send_.header(i)->bytes - off;
-        iov[n++] = {send_.slot(i) + off, len};
-        total += len;
+        const std::size_t bytes = send_.header(i)->bytes;
+        const std::byte* ext = external_[i % depth_];
+        if (ext == nullptr) {
+          iov[n++] = {send_.slot(i) + off, sizeof(slot_header) + bytes - off};
+        } else {  // the header from the slot, the payload from the caller's memory
+          constexpr std::size_t hs = sizeof(slot_header);
+          if (off < hs) iov[n++] = {send_.slot(i) + off, hs - off};
+          const std::size_t done = off > hs ? off - hs : 0;
+          iov[n++] = {const_cast<std::byte*>(ext) + done, bytes - done};
+        }
+        total += sizeof(slot_header) + bytes - off;
       }
       if (n == 0) {
         if (closing_ && closing_sent_ && sent_local_ == posted_limit_) finish_tx();
@@ -239,6 +257,18 @@ class tcp_link {
     if (ctl_off_ < ctl_len_ || frame_off_ > 0 || closing_) return true;
     return released_.load(std::memory_order_seq_cst) != credited_ ||
            posted_.load(std::memory_order_seq_cst) != sent_local_;
+  }
+
+  // Copies the payloads still to be sent from the caller's memory into their slots
+  // (a partly written frame continues from the slot, where the same bytes now are).
+  void detach() noexcept {
+    const std::uint64_t posted = posted_.load(std::memory_order_acquire);
+    for (std::uint64_t i = sent_local_; i < posted; ++i) {
+      const std::byte*& ext = external_[i % depth_];
+      if (ext == nullptr) continue;
+      std::memcpy(send_.payload(i), ext, send_.header(i)->bytes);
+      ext = nullptr;
+    }
   }
 
   short poll_events() const noexcept {
@@ -448,6 +478,9 @@ class tcp_link {
   const std::size_t depth_;
   slot_ring send_;
   slot_ring recv_;
+  // Per send slot: where its payload is read from when not the slot (post_from);
+  // written by the executor before it publishes the slot, read by the I/O side.
+  std::unique_ptr<const std::byte*[]> external_;
 
   // Shared counters, one writer each.
   alignas(64) std::atomic<std::uint64_t> posted_{0};  // executor

@@ -1,11 +1,19 @@
 // tcp_link_set: the TCP transport's link_set over already connected sockets.
 //
-// One progress thread per link set moves bytes: it poll()s every peer socket plus an
-// eventfd, reads arriving frames straight into receive slots, writes posted slots and
-// credit frames, and rings the doorbell whenever the executor has news (a slot
-// arrived, a send slot freed, a link failed). The executor-side calls never block and
-// never allocate: they only touch the link's slot memory and its counters, and wake the
-// progress thread through the eventfd only when it sleeps.
+// Bytes move in one of two ways, one at a time (the I/O mutex):
+//   - a waiting executor moves them itself: progress() reads arriving frames into
+//     receive slots and writes posted slots and credits, and post() writes its frame
+//     at once; the progress thread is parked meanwhile, so a rank runs one busy thread,
+//     not two (on a host with no spare core, two hand-offs per frame between threads
+//     were most of the time of a small call);
+//   - otherwise (the executor sleeps or is between calls with bytes still owed:
+//     release_io(); or PLAIT_PROGRESS=thread, where progress() is never called) the
+//     progress thread poll()s every peer socket plus an eventfd, does the same, and
+//     rings the doorbell whenever the executor has news (a slot arrived, a send slot
+//     freed, a link failed).
+// The executor-side calls never block and never allocate: they only touch the link's
+// slot memory and its counters, and wake the progress thread through the eventfd only
+// when it owns the I/O and sleeps.
 // The doorbell must outlive the link set. Its word is looked up at every ring, so a
 // transport that binds the word into shared memory (shm in a hybrid) must do so before
 // this link set is created, as a hybrid does by connecting shm first.
@@ -88,19 +96,33 @@ class tcp_link_set final : public link_set {
     return link(peer).acquire();
   }
 
-  void post(int peer, const plait::detail::slot_header& header) override {
+  void post(int peer, const plait::detail::slot_header& header) override { post_from(peer, header, nullptr); }
+
+  // The payload goes from the caller's memory straight into the socket: one copy
+  // fewer than through the slot.
+  bool sends_from_memory(int peer) const override { return reaches(peer); }
+
+  std::uint64_t post_from(int peer, const plait::detail::slot_header& header, const std::byte* payload) override {
     tcp_link& l = link(peer);
-    l.post(header);
+    const std::uint64_t ticket = l.post_from(header, payload);
     if (executor_io_.load(std::memory_order_seq_cst)) {
       // The executor moves the bytes: the frame leaves now, with any credits owed.
       std::unique_lock lock(io_mutex_, std::try_to_lock);
       if (lock.owns_lock()) {
         l.on_writable();
         l.pump_tx();
-        return;
+        return ticket;
       }
     }
     wake();
+    return ticket;
+  }
+
+  bool sent(int peer, std::uint64_t ticket) override { return link(peer).sent(ticket); }
+
+  void detach() noexcept override {
+    std::lock_guard lock(io_mutex_);
+    for (auto& l : links_) l->detach();
   }
 
   slot_view peek(int peer) override { return link(peer).peek(); }
@@ -210,6 +232,10 @@ class tcp_link_set final : public link_set {
   }
 
   void run() noexcept {
+    // The stack this thread will use, touched now: while executors move the bytes the
+    // thread may first pump mid-run, and a stack page touched then is a page fault.
+    volatile std::byte stack[64 * 1024];
+    for (std::size_t i = 0; i < sizeof stack; i += 4096) stack[i] = std::byte{0};
     try {
       loop();
     } catch (const std::exception& e) {
