@@ -198,6 +198,33 @@ TEST_CASE("tcp sends a payload from the caller's memory, and detach() frees that
   CHECK(t.links->sent(1, ticket[2]));
 }
 
+TEST_CASE("tcp bytes move in the waiting thread and in the link set's own, handed back and forth", "[tcp][frames]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  plait::detail::doorbell bell[2];
+  std::unique_ptr<tcp_link_set> links[2];
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::pair<int, fd_handle>> sockets;
+    sockets.emplace_back(1 - r, fd_handle(sv[r]));
+    links[r] = std::make_unique<tcp_link_set>(r, 2, bell[r], plait::link_config{4096, 4, 2s}, std::move(sockets));
+  }
+  std::string result[2];
+  auto run = [&](int r) {
+    const int peer = 1 - r;
+    try {
+      result[r] = plait::testing::exchange_all(*links[r], bell[r], r, std::span<const int>(&peer, 1), 3000, 30s, true);
+    } catch (const std::exception& e) {
+      result[r] = e.what();
+    }
+  };
+  std::thread other(run, 1);
+  run(0);
+  other.join();
+  CHECK(result[0].empty());
+  CHECK(result[1].empty());
+  CAPTURE(result[0], result[1]);
+}
+
 TEST_CASE("tcp garbage from a peer is a protocol error naming it", "[tcp][frames]") {
   struct garbage_case {
     const char* name;

@@ -222,9 +222,16 @@ inline detail::slot_header pattern_header(int sender, std::uint64_t index, std::
 
 // Sends `count` pattern slots to every peer and checks every slot received from each,
 // in order, sleeping on the doorbell when nothing moves. Returns what went wrong, or
-// empty; link failures throw (health()).
+// empty; link failures throw (health()). With caller_io the waiting thread moves the
+// bytes itself (link_set::progress) and now and then hands them back to the link
+// set's own thread (release_io), as a communicator's waiting rank does.
 inline std::string exchange_all(link_set& links, detail::doorbell& bell, int rank, std::span<const int> peers,
-                                std::uint64_t count, std::chrono::seconds bound) {
+                                std::uint64_t count, std::chrono::seconds bound, bool caller_io = false) {
+  struct waiter {
+    link_set& links;
+    bool progress() noexcept { return links.progress(); }
+    void release() noexcept { links.release_io(false); }
+  };
   const std::size_t slot_bytes = links.slot_bytes();
   std::vector<std::uint64_t> sent(peers.size(), 0), received(peers.size(), 0);
   const auto deadline = std::chrono::steady_clock::now() + bound;
@@ -249,10 +256,14 @@ inline std::string exchange_all(link_set& links, detail::doorbell& bell, int ran
         links.release(p);
         ++received[i];
         moved = true;
+        if (caller_io && received[i] % 64 == 0) links.release_io(received[i] % 128 == 0);
       }
       done = done && sent[i] == count && received[i] == count;
     }
-    if (done) return {};
+    if (done) {
+      if (caller_io) links.release_io(true);
+      return {};
+    }
     if (moved) continue;
     for (std::size_t i = 0; i < peers.size(); ++i)
       if (sent[i] < count || received[i] < count) links.health(peers[i]);
@@ -263,7 +274,10 @@ inline std::string exchange_all(link_set& links, detail::doorbell& bell, int ran
              std::to_string(received[i]) + ";";
       return s;
     }
-    bell.wait(seen, std::chrono::milliseconds(10));
+    if (caller_io)
+      bell.wait(seen, std::chrono::milliseconds(10), waiter{links});
+    else
+      bell.wait(seen, std::chrono::milliseconds(10));
   }
 }
 
