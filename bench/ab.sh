@@ -5,8 +5,10 @@
 #
 #   bash bench/ab.sh [-B build] [-r rounds] [-n ranks] SETTING VALUES -- plait-bench args
 #
-# SETTING is an environment variable (PLAIT_POLL, PLAIT_SLICE_BYTES, ...) or -a (the
-# algorithm); VALUES are comma-separated. Example (the oversubscribed poll time):
+# SETTING is an environment variable (PLAIT_POLL, PLAIT_SLICE_BYTES, ...), -a (the
+# algorithm) or BUILD (VALUES are build directories: a code change before and after,
+# one of them built from a worktree of the earlier commit); VALUES are comma-separated.
+# Example (the oversubscribed poll time):
 #   bash bench/ab.sh -r 5 -n 4 PLAIT_POLL 0.000002,0.0001,0.0005 -- -t shm -o all_reduce -b 4K -e 16M -f 16 -n 20 -w 5
 # The machines are shared and noisy: compare values only within one run.
 set -euo pipefail
@@ -17,11 +19,11 @@ while getopts "B:r:n:" o; do
     B) build=$OPTARG ;;
     r) rounds=$OPTARG ;;
     n) ranks=$OPTARG ;;
-    *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,13p' "$0" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-if (($# < 3)) || [[ $3 != -- ]]; then sed -n '2,12p' "$0" >&2; exit 2; fi
+if (($# < 3)) || [[ $3 != -- ]]; then sed -n '2,13p' "$0" >&2; exit 2; fi
 setting=$1 values=$2
 shift 3
 run=("$build/tools/plaitrun" -n "$ranks" "$build/bench/plait-bench")
@@ -37,6 +39,8 @@ for ((r = 1; r <= rounds; r++)); do
     echo "ab.sh: round $r/$rounds, $setting=$v" >&2
     if [[ $setting == -a ]]; then
       out=$("${run[@]}" "$@" -a "$v" 2>&1) || { echo "$out" >&2; exit 1; }
+    elif [[ $setting == BUILD ]]; then
+      out=$("$v/tools/plaitrun" -n "$ranks" "$v/bench/plait-bench" "$@" 2>&1) || { echo "$out" >&2; exit 1; }
     else
       out=$(env "$setting=$v" "${run[@]}" "$@" 2>&1) || { echo "$out" >&2; exit 1; }
     fi

@@ -232,10 +232,6 @@ class tcp_link_set final : public link_set {
   }
 
   void run() noexcept {
-    // The stack this thread will use, touched now: while executors move the bytes the
-    // thread may first pump mid-run, and a stack page touched then is a page fault.
-    volatile std::byte stack[64 * 1024];
-    for (std::size_t i = 0; i < sizeof stack; i += 4096) stack[i] = std::byte{0};
     try {
       loop();
     } catch (const std::exception& e) {
