@@ -141,13 +141,7 @@ class tcp_link_set final : public link_set {
     std::unique_lock lock(io_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return false;  // the thread is mid-pass; it parks after it
     try {
-      bool news = false;
-      for (auto& l : links_) {
-        l->on_writable();
-        news |= l->pump_rx();
-        news |= l->pump_tx();
-      }
-      return news;
+      return pump_all(true);
     } catch (const std::exception& e) {
       lock.unlock();
       fail_all(std::string("TCP I/O failed: ") + e.what());
@@ -164,11 +158,8 @@ class tcp_link_set final : public link_set {
       if (lock.owns_lock()) {
         bool pending = false;
         try {
-          for (auto& l : links_) {
-            l->on_writable();
-            l->pump_tx();
-            pending = pending || l->tx_pending();
-          }
+          pump_all(false);
+          for (auto& l : links_) pending = pending || l->tx_pending();
         } catch (...) {
           pending = true;
         }
@@ -216,6 +207,19 @@ class tcp_link_set final : public link_set {
       throw error(errc::invalid_argument, "rank " + std::to_string(peer) + " is not reached by this TCP link set",
                   rank_, peer);
     return *links_[static_cast<std::size_t>(index_[static_cast<std::size_t>(peer)])];
+  }
+
+  // One pass of the executor's I/O over every link (holds io_mutex_): writes, and
+  // reads too when `rx`; true when the executor has news. Without poll(), a socket
+  // that was full is simply tried again.
+  bool pump_all(bool rx) {
+    bool news = false;
+    for (auto& l : links_) {
+      l->on_writable();
+      if (rx) news |= l->pump_rx();
+      news |= l->pump_tx();
+    }
+    return news;
   }
 
   void kick() noexcept {
