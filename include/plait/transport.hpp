@@ -164,6 +164,14 @@ class link_set {
   virtual void close(close_reason why = {}) noexcept = 0;
 };
 
+// A waiter that moves its links' bytes itself: the Io of doorbell::wait. Used by
+// the communicator's wait (PLAIT_PROGRESS=caller) and by tests driving link sets.
+struct io_waiter {
+  link_set* links;
+  bool progress() noexcept { return links->progress(); }
+  void release() noexcept { links->release_io(false); }
+};
+
 template <class T>
 concept transport_for = requires(bootstrap_context& ctx, detail::doorbell& bell, const link_config& cfg) {
   { T::traits } -> std::convertible_to<transport_traits>;

@@ -227,11 +227,6 @@ inline detail::slot_header pattern_header(int sender, std::uint64_t index, std::
 // set's own thread (release_io), as a communicator's waiting rank does.
 inline std::string exchange_all(link_set& links, detail::doorbell& bell, int rank, std::span<const int> peers,
                                 std::uint64_t count, std::chrono::seconds bound, bool caller_io = false) {
-  struct waiter {
-    link_set& links;
-    bool progress() noexcept { return links.progress(); }
-    void release() noexcept { links.release_io(false); }
-  };
   const std::size_t slot_bytes = links.slot_bytes();
   std::vector<std::uint64_t> sent(peers.size(), 0), received(peers.size(), 0);
   const auto deadline = std::chrono::steady_clock::now() + bound;
@@ -275,7 +270,7 @@ inline std::string exchange_all(link_set& links, detail::doorbell& bell, int ran
       return s;
     }
     if (caller_io)
-      bell.wait(seen, std::chrono::milliseconds(10), waiter{links});
+      bell.wait(seen, std::chrono::milliseconds(10), io_waiter{&links});
     else
       bell.wait(seen, std::chrono::milliseconds(10));
   }

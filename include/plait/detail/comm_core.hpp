@@ -189,18 +189,11 @@ class comm_core {
       if (next_deadline != clock::time_point::max() && next_deadline - now < bound)
         bound = std::max(std::chrono::nanoseconds(0), std::chrono::nanoseconds(next_deadline - now));
       if (links_ && cfg_.waiter_io)
-        bell_.wait(seen, bound, waiter{links_.get()});
+        bell_.wait(seen, bound, io_waiter{links_.get()});
       else
         bell_.wait(seen, bound);
     }
   }
-
-  // A waiting rank moves its transport's bytes itself (doorbell::wait's Io).
-  struct waiter {
-    link_set* links;
-    bool progress() noexcept { return links->progress(); }
-    void release() noexcept { links->release_io(false); }
-  };
 
   // The oldest call in flight, if it has not moved for a while (holds engine_mutex_).
   std::optional<call_desc> stalled_call(clock::time_point now) {
