@@ -132,11 +132,13 @@ struct call_builder {
 };
 
 // all_reduce_ranks: the communicator's size for all_reduce (which has the one-hop
-// and log-hop algorithms), 0 for the other collectives.
+// and log-hop algorithms), 0 for the other collectives; network: the transport's
+// messages are costly (transport_traits::network).
 template <class Algo>
-std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0) {
+std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0, bool network = false) {
   if constexpr (std::is_same_v<Algo, automatic>) {
     const int n = all_reduce_ranks;
+    if (network && n >= 3 && tree_capable && bytes <= automatic::network_tree_upto_bytes) return tree::id;
     if (n > 1 && n <= direct::max_all_reduce_ranks && bytes < automatic::direct_below_bytes(n)) return direct::id;
     if (n > 3 && recursive_doubling::supports(n) && bytes < automatic::doubling_below_bytes(n))
       return recursive_doubling::id;
@@ -147,11 +149,13 @@ std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0
 }
 
 // all_gather and reduce_scatter: ring or direct (the same bytes; direct in one hop).
-// `automatic` takes direct for small reduce_scatter only (automatic::scatter_direct_below_bytes).
+// `automatic` takes direct for small reduce_scatter only (automatic::scatter_direct_below_bytes),
+// and not over a network transport.
 template <class Algo>
-std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ranks) {
+std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ranks, bool network = false) {
   if constexpr (std::is_same_v<Algo, automatic>)
-    return kind == collective_kind::reduce_scatter && total_bytes < automatic::scatter_direct_below_bytes(ranks)
+    return kind == collective_kind::reduce_scatter && !network &&
+                   total_bytes < automatic::scatter_direct_below_bytes(ranks)
                ? direct::id
                : ring::id;
   else
@@ -160,7 +164,7 @@ std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ra
 
 template <class Algo, class T, class Op>
 request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op op, call_options opt, bool async) {
-  const std::uint8_t algo = pick<Algo>(out.size_bytes(), true, core.size());
+  const std::uint8_t algo = pick<Algo>(out.size_bytes(), true, core.size(), core.config().network);
   call_builder<T, Op> b(core, collective_kind::all_reduce, algo, op, -1, out.size(), core.next_sequence(), opt);
   b.require(in.size() == out.size(), "input and output must have the same number of elements");
   b.require(in.data() == out.data() || !overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()),

@@ -83,6 +83,7 @@ class communicator {
     const auto deadline = clock::now() + cfg.timeout;
     join(*ctx, deadline);
     agree_on_config(*ctx, cfg, deadline);
+    cfg.network = Transport::traits.network;
     auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
     if (size > 1) {
       std::vector<int> peers;

@@ -46,6 +46,9 @@ struct transport_traits {
   bool device_memory = false;  // slots may live in GPU memory
   bool one_sided = false;      // posts write straight into the peer's FIFO
   bool zero_copy = false;      // the kernel writes into memory the peer reads directly
+  // Messages go through the kernel's network stack: each one costs system calls and
+  // wake-ups, so `automatic` prefers the schedules that send the fewest of them.
+  bool network = false;
 };
 
 // What a transport needs from the rendezvous: a key-value exchange scoped to this

@@ -173,6 +173,14 @@ struct automatic {
   // ranks: 4K 16.7 vs 23.5 us, even at 16K, the ring ahead from 64K. all_gather stays
   // on the ring: with 4 ranks it already answers 4K in 8.6 us (direct 8.8) and wins above.
   static constexpr std::size_t scatter_direct_below_bytes(int ranks) noexcept { return ranks >= 4 ? 16 * 1024 : 0; }
+  // Over a network transport (tcp) every message costs system calls and wake-ups, and
+  // with more ranks than cores each is paid on a shared core, so the number of
+  // messages matters more than the hops: all_reduce takes the tree, which sends the
+  // fewest (2(n-1) per slice), on 3 or more ranks up to this size, ahead of direct,
+  // recursive doubling and the ring (4 ranks: 4K 77 vs 89 us, 64K 119 vs 242, 1M 1019
+  // vs 1694; docs/performance.md), and reduce_scatter stays on the ring (4 ranks, 4K:
+  // 109 vs 149 us with direct).
+  static constexpr std::size_t network_tree_upto_bytes = 1024 * 1024;
 };
 
 }  // namespace plait

@@ -40,6 +40,9 @@ struct comm_config {
   // (link_set::progress, handing back to the transport's thread when it sleeps), or
   // always the transport's own thread (tcp's progress thread).
   bool waiter_io = true;
+  // The transport's messages are costly (transport_traits::network): `automatic`
+  // picks with that in mind. Set by communicator::create from the transport type.
+  bool network = false;
 };
 
 class comm_core {

@@ -65,7 +65,8 @@ template <transport_for Local, transport_for Remote>
 struct hybrid {
   static constexpr transport_traits traits{.device_memory = Local::traits.device_memory && Remote::traits.device_memory,
                                            .one_sided = Local::traits.one_sided && Remote::traits.one_sided,
-                                           .zero_copy = Local::traits.zero_copy && Remote::traits.zero_copy};
+                                           .zero_copy = Local::traits.zero_copy && Remote::traits.zero_copy,
+                                           .network = Local::traits.network || Remote::traits.network};
   static constexpr std::string_view name = "hybrid";
 
   static std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::doorbell& bell,

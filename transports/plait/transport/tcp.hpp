@@ -28,7 +28,8 @@
 namespace plait::transport {
 
 struct tcp {
-  static constexpr transport_traits traits{.device_memory = false, .one_sided = false, .zero_copy = false};
+  static constexpr transport_traits traits{
+      .device_memory = false, .one_sided = false, .zero_copy = false, .network = true};
   static constexpr std::string_view name = "tcp";
 
   // Collective; blocks until every link is up or cfg.connect_timeout passes.
