@@ -1,0 +1,134 @@
+// host-probe: how steady this machine is, for reading benchmark spreads.
+//
+// Usage: host-probe [seconds, default 10]
+// Two measurements, one after the other, each taking about the given time:
+//  1. gaps: one thread pinned to each CPU reads the clock in a loop; a gap between
+//     two reads longer than 20 us is time the thread did not run. Gaps the guest's
+//     scheduler made show as involuntary context switches; the others were taken by
+//     interrupts or by the host (the vCPU did not run).
+//  2. fixed work: every 50 ms, time the same integer loop (compute alone) and the
+//     same 40 copies of 256 KiB (the cache and memory path): on a quiet host both
+//     repeat within a few percent; a spread in the copies alone points at memory
+//     shared with other tenants rather than at lost CPU time.
+// Run it on an otherwise idle machine; benchmark ratios are only comparable within
+// one run on a machine whose copy times spread.
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+std::uint64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1000000000u + static_cast<std::uint64_t>(t.tv_nsec);
+}
+
+struct gap_stats {
+  std::uint64_t over_20us = 0, over_100us = 0, over_1ms = 0, max_ns = 0, lost_ns = 0, total_ns = 0;
+  long involuntary = 0;
+  bool pinned = false;
+};
+
+gap_stats spin_for(int cpu, double seconds) {
+  gap_stats s;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  s.pinned = pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+  rusage before{};
+  getrusage(RUSAGE_THREAD, &before);
+  const std::uint64_t start = now_ns(), end = start + static_cast<std::uint64_t>(seconds * 1e9);
+  std::uint64_t last = start;
+  for (;;) {
+    const std::uint64_t t = now_ns(), g = t - last;
+    last = t;
+    if (g > 20000) {
+      ++s.over_20us;
+      s.lost_ns += g;
+      s.over_100us += g > 100000;
+      s.over_1ms += g > 1000000;
+      s.max_ns = std::max(s.max_ns, g);
+    }
+    if (t >= end) break;
+  }
+  rusage after{};
+  getrusage(RUSAGE_THREAD, &after);
+  s.total_ns = last - start;
+  s.involuntary = after.ru_nivcsw - before.ru_nivcsw;
+  return s;
+}
+
+struct spread {
+  double min, median, p90, max;
+};
+
+spread summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<std::size_t>(q * v.size()))]; };
+  return {v.front(), at(0.5), at(0.9), v.back()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 10.0;
+  if (!(seconds > 0) || seconds > 3600) {
+    std::fprintf(stderr, "usage: host-probe [seconds, 0 < s <= 3600; default 10]\n");
+    return 2;
+  }
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  std::printf("# 1. gaps in a clock-reading loop, one thread pinned per CPU, %.0f s\n", seconds);
+  std::printf("%-5s %10s %10s %8s %10s %8s %12s\n", "cpu", ">20us/s", ">100us/s", ">1ms/s", "max(us)", "lost%",
+              "guest-csw/s");
+  std::vector<gap_stats> stats(static_cast<std::size_t>(cpus));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < cpus; ++c)
+    threads.emplace_back([&, c] { stats[static_cast<std::size_t>(c)] = spin_for(c, seconds); });
+  for (auto& t : threads) t.join();
+  for (int c = 0; c < cpus; ++c) {
+    const gap_stats& s = stats[static_cast<std::size_t>(c)];
+    const double secs = static_cast<double>(s.total_ns) / 1e9;
+    std::printf("%-5d %10.1f %10.1f %8.2f %10.1f %8.2f %12.1f%s\n", c, s.over_20us / secs, s.over_100us / secs,
+                s.over_1ms / secs, s.max_ns / 1e3, 100.0 * static_cast<double>(s.lost_ns) / s.total_ns,
+                s.involuntary / secs, s.pinned ? "" : "  (not pinned)");
+  }
+
+  const int samples = std::max(10, static_cast<int>(seconds * 1000 / 60));
+  std::printf("\n# 2. fixed work every 50 ms, %d samples (us per sample)\n", samples);
+  std::vector<char> a(256 << 10, 1), b(256 << 10);
+  std::vector<double> alu, copy;
+  volatile std::uint64_t sink = 0;
+  for (int i = 0; i < samples; ++i) {
+    const std::uint64_t t0 = now_ns();
+    std::uint64_t x = static_cast<std::uint64_t>(i);
+    for (int k = 0; k < 2000000; ++k) x = x * 6364136223846793005u + 1442695040888963407u;
+    sink = sink + x;
+    const std::uint64_t t1 = now_ns();
+    for (int k = 0; k < 40; ++k) {
+      std::memcpy(b.data(), a.data(), a.size());
+      a[static_cast<std::size_t>(k)] = b[static_cast<std::size_t>(k) + 1];
+    }
+    const std::uint64_t t2 = now_ns();
+    alu.push_back(static_cast<double>(t1 - t0) / 1e3);
+    copy.push_back(static_cast<double>(t2 - t1) / 1e3);
+    usleep(50000);
+  }
+  std::printf("%-22s %9s %9s %9s %9s %9s\n", "work", "min", "median", "p90", "max", "p90/min");
+  for (auto [name, v] : {std::pair{"integer loop", &alu}, std::pair{"40 x memcpy 256 KiB", &copy}}) {
+    const spread s = summarize(*v);
+    std::printf("%-22s %9.0f %9.0f %9.0f %9.0f %9.2f\n", name, s.min, s.median, s.p90, s.max, s.p90 / s.min);
+  }
+  return 0;
+}
