@@ -73,7 +73,7 @@ inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t b
 template <class T, class Op>
 struct call_builder {
   comm_core& core;
-  std::unique_ptr<call> c = std::make_unique<call>();
+  std::unique_ptr<call> c = core.take_call();
 
   call_builder(comm_core& k, collective_kind kind, std::uint8_t algo, const Op& op, int root, std::size_t count,
                std::uint64_t sequence, call_options opt)
@@ -119,8 +119,17 @@ struct call_builder {
 
   std::size_t slice_elems() const { return std::max<std::size_t>(1, core.config().slice_bytes / sizeof(T)); }
 
-  void finish(schedule s, const void* in, void* out, bool async, request* req) {
-    c->steps = std::move(s);
+  // What this call's schedule is made from (see comm_core::schedule_for).
+  comm_core::schedule_key key(const schedule_params& p, int peer = -1, bool receiving = false) const {
+    return {c->desc.kind, c->desc.algorithm, p.root, p.count, p.slice_elems, peer, receiving};
+  }
+
+  // Runs the call with the schedule `make` returns (an algorithm applied to the
+  // parameters `key` was made from), or the one kept from an earlier call with the same key.
+  template <class Make>
+  void finish(const comm_core::schedule_key& k, Make&& make, const void* in, void* out, bool async, request* req) {
+    const schedule& s = core.schedule_for(k, make);
+    c->steps.assign(s.begin(), s.end());
     c->input = static_cast<const std::byte*>(in);
     c->output = static_cast<std::byte*>(out);
     if (async) {
@@ -176,11 +185,15 @@ request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out
             "all_reduce<recursive_doubling> needs a power-of-two number of ranks; use ring or tree");
   auto p = b.sp(out.size());
   request r;
-  b.finish(algo == tree::id                 ? tree::all_reduce(p)
-           : algo == direct::id             ? direct::all_reduce(p)
-           : algo == recursive_doubling::id ? recursive_doubling::all_reduce(p)
-                                            : ring::all_reduce(p),
-           in.data(), out.data(), async, &r);
+  b.finish(
+      b.key(p),
+      [&] {
+        return algo == tree::id                 ? tree::all_reduce(p)
+               : algo == direct::id             ? direct::all_reduce(p)
+               : algo == recursive_doubling::id ? recursive_doubling::all_reduce(p)
+                                                : ring::all_reduce(p);
+      },
+      in.data(), out.data(), async, &r);
   return r;
 }
 

@@ -74,6 +74,23 @@ struct call {
     }
   }
   bool done() const noexcept { return next >= steps.size() && pending.empty(); }
+
+  // Back to a fresh call, keeping the vectors' memory (comm_core reuses calls, so a
+  // call in a loop allocates nothing once the first has run).
+  void reset() noexcept {
+    schedule s = std::move(steps);
+    std::vector<std::uint32_t> sl = std::move(sends_left), rl = std::move(recvs_left);
+    std::vector<pending_send> pd = std::move(pending);
+    *this = call{};
+    s.clear();
+    sl.clear();
+    rl.clear();
+    pd.clear();
+    steps = std::move(s);
+    sends_left = std::move(sl);
+    recvs_left = std::move(rl);
+    pending = std::move(pd);
+  }
 };
 
 class executor {

@@ -256,6 +256,38 @@ TEST_CASE("an async collective makes progress while its caller does not wait", "
   CHECK(blocking_ms.load() < 600);  // it did not wait for rank 0's wait()
 }
 
+TEST_CASE("calls that differ only in root, count or direction keep their own schedules, call after call",
+          "[sim][reuse]") {
+  // The communicator reuses finished calls and keeps recent schedules by what they
+  // were made from; each of these pairs differs in one field of that key only.
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  auto errors = on_threads(n, "sim-reuse-" + std::to_string(n), [&](comm_t& c, std::string& err) {
+    const int me = c.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+    for (int round = 0; round < 3; ++round) {
+      for (int root : {0, 1}) {
+        std::vector<float> b(300, static_cast<float>(me == root ? 10 * root + round : -1));
+        plait::broadcast(c, std::span<float>(b), root);
+        if (b.front() != static_cast<float>(10 * root + round) || b.back() != b.front())
+          err += "broadcast root " + std::to_string(root) + " round " + std::to_string(round) + "; ";
+      }
+      for (std::size_t count : {std::size_t{300}, std::size_t{301}}) {
+        std::vector<float> v(count, static_cast<float>(me + 1));
+        plait::request r = plait::all_reduce_async(c, std::span<float>(v), plait::sum{});
+        r.wait();
+        if (v.front() != static_cast<float>(n * (n + 1) / 2) || v.back() != v.front())
+          err += "all_reduce count " + std::to_string(count) + "; ";
+      }
+      // Same count both ways (with 2 ranks the same peer too): a send and a receive.
+      std::vector<float> mine(300, static_cast<float>(me)), got(300, -1.0f);
+      plait::send(c, std::span<const float>(mine), next);
+      plait::recv(c, std::span<float>(got), prev);
+      if (got.front() != static_cast<float>(prev) || got.back() != got.front()) err += "send/recv; ";
+    }
+  });
+  for (auto& e : errors) CHECK(e == "");
+}
+
 TEST_CASE("isend then blocking recv on a ring does not deadlock (per-pair ordering)", "[sim][async]") {
   const int n = 4;
   auto errors = on_threads(n, "sim-isend", [&](comm_t& c, std::string& err) {

@@ -18,7 +18,9 @@ request all_gather_impl(comm_core& core, std::span<const T> shard, std::span<T> 
             "input and output overlap; all_gather has no in-place form");
   request r;
   auto p = b.sp(shard.size());
-  b.finish(algo == direct::id ? direct::all_gather(p) : ring::all_gather(p), shard.data(), full.data(), async, &r);
+  b.finish(
+      b.key(p), [&] { return algo == direct::id ? direct::all_gather(p) : ring::all_gather(p); }, shard.data(),
+      full.data(), async, &r);
   return r;
 }
 
@@ -35,8 +37,9 @@ request reduce_scatter_impl(comm_core& core, std::span<const T> full, std::span<
             "input and output overlap; reduce_scatter has no in-place form");
   request r;
   auto p = b.sp(shard.size());
-  b.finish(algo == direct::id ? direct::reduce_scatter(p) : ring::reduce_scatter(p), full.data(), shard.data(), async,
-           &r);
+  b.finish(
+      b.key(p), [&] { return algo == direct::id ? direct::reduce_scatter(p) : ring::reduce_scatter(p); }, full.data(),
+      shard.data(), async, &r);
   return r;
 }
 
@@ -48,7 +51,9 @@ request broadcast_impl(comm_core& core, std::span<T> buf, int root, call_options
   b.require_count_fits(buf.size());
   auto p = b.sp(buf.size(), root);
   request r;
-  b.finish(algo == tree::id ? tree::broadcast(p) : ring::broadcast(p), buf.data(), buf.data(), async, &r);
+  b.finish(
+      b.key(p), [&] { return algo == tree::id ? tree::broadcast(p) : ring::broadcast(p); }, buf.data(), buf.data(),
+      async, &r);
   return r;
 }
 
@@ -62,7 +67,9 @@ request reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op
             "input and output overlap; reduce has no in-place form");
   b.require_count_fits(out.size());
   request r;
-  b.finish(tree::reduce(b.sp(out.size(), root)), in.data(), out.data(), async, &r);
+  auto p = b.sp(out.size(), root);
+  b.finish(
+      b.key(p), [&] { return tree::reduce(p); }, in.data(), out.data(), async, &r);
   return r;
 }
 
@@ -78,7 +85,9 @@ request all_to_all_impl(comm_core& core, std::span<const T> in, std::span<T> out
             "input and output overlap; all_to_all has no in-place form");
   b.require_count_fits(block);
   request r;
-  b.finish(direct::all_to_all(b.sp(block)), in.data(), out.data(), async, &r);
+  auto p = b.sp(block);
+  b.finish(
+      b.key(p), [&] { return direct::all_to_all(p); }, in.data(), out.data(), async, &r);
   return r;
 }
 
@@ -91,7 +100,9 @@ request send_impl(comm_core& core, std::span<const T> data, int peer, call_optio
   b.require(peer >= 0 && peer < core.size(), "peer is out of range [0, size())");
   b.require_count_fits(data.size());
   request r;
-  b.finish(direct::send_to(peer, data.size(), b.slice_elems()), data.data(), nullptr, async, &r);
+  b.finish(
+      b.key(b.sp(data.size()), peer), [&] { return direct::send_to(peer, data.size(), b.slice_elems()); }, data.data(),
+      nullptr, async, &r);
   return r;
 }
 
@@ -104,14 +115,18 @@ request recv_impl(comm_core& core, std::span<T> data, int peer, call_options opt
   b.require(peer >= 0 && peer < core.size(), "peer is out of range [0, size())");
   b.require_count_fits(data.size());
   request r;
-  b.finish(direct::recv_from(peer, data.size(), b.slice_elems()), nullptr, data.data(), async, &r);
+  b.finish(
+      b.key(b.sp(data.size()), peer, true), [&] { return direct::recv_from(peer, data.size(), b.slice_elems()); },
+      nullptr, data.data(), async, &r);
   return r;
 }
 
 inline request barrier_impl(comm_core& core, call_options opt, bool async) {
   call_builder<std::uint8_t, sum> b(core, collective_kind::barrier, ring::id, sum{}, -1, 0, core.next_sequence(), opt);
   request r;
-  b.finish(ring::all_reduce(b.sp(0)), nullptr, nullptr, async, &r);
+  auto p = b.sp(0);
+  b.finish(
+      b.key(p), [&] { return ring::all_reduce(p); }, nullptr, nullptr, async, &r);
   return r;
 }
 

@@ -12,6 +12,7 @@
 // and every later call rethrows it (the communicator is broken).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -84,6 +85,44 @@ class comm_core {
   void set_timeout(std::chrono::nanoseconds t) { cfg_.timeout = t; }
 
   std::uint64_t next_sequence() noexcept { return ++sequence_; }
+
+  // A call to fill in: a finished one reused when there is one (no allocation).
+  std::unique_ptr<call> take_call() {
+    {
+      std::lock_guard lock(spare_mutex_);
+      if (!spare_calls_.empty()) {
+        std::unique_ptr<call> c = std::move(spare_calls_.back());
+        spare_calls_.pop_back();
+        return c;
+      }
+    }
+    return std::make_unique<call>();
+  }
+
+  // The schedule made from `key` by `make` (an algorithm), kept for the next calls
+  // made from the same key: a loop of the same collective builds it once. Called
+  // from the thread issuing calls (one at a time), so it needs no lock.
+  struct schedule_key {
+    collective_kind kind = collective_kind::none;
+    std::uint8_t algorithm = 0;
+    int root = 0;
+    std::size_t count = 0;
+    std::size_t slice_elems = 0;
+    int peer = -1;  // of a send or recv
+    bool receiving = false;
+    bool operator==(const schedule_key&) const = default;
+  };
+  template <class Make>
+  const schedule& schedule_for(const schedule_key& key, Make&& make) {
+    for (auto& e : schedules_)
+      if (e.used && e.key == key) return e.steps;
+    cached_schedule& e = schedules_[next_schedule_++ % schedules_.size()];
+    e.used = false;  // stays unused if make() throws
+    e.steps = make();
+    e.key = key;
+    e.used = true;
+    return e.steps;
+  }
   std::uint64_t next_send(int peer) noexcept { return ++p2p_sent_[static_cast<std::size_t>(peer)]; }
   std::uint64_t next_recv(int peer) noexcept { return ++p2p_received_[static_cast<std::size_t>(peer)]; }
 
@@ -158,6 +197,14 @@ class comm_core {
     bool finished = false;
     std::exception_ptr failure;
   };
+
+  // A finished call goes back to the spare list (its memory is reused by take_call).
+  void recycle(std::unique_ptr<call> c) noexcept {
+    if (!c) return;
+    c->reset();
+    std::lock_guard lock(spare_mutex_);
+    if (spare_calls_.size() < max_spare_calls) spare_calls_.push_back(std::move(c));
+  }
 
   void enqueue(const std::shared_ptr<flight>& f) {
     f->c->count_peers(size_);
@@ -281,6 +328,7 @@ class comm_core {
     }
     while (!active_.empty() && active_.front()->c->done()) {
       finish(*active_.front(), nullptr);
+      recycle(std::move(active_.front()->c));
       active_.pop_front();
     }
   }
@@ -306,7 +354,10 @@ class comm_core {
     // Payloads still to be sent from the failed calls' buffers move into the slots
     // first: the caller may free its buffers once the call has thrown.
     if (links_ && !active_.empty()) links_->detach();
-    for (auto& f : active_) finish(*f, e);
+    for (auto& f : active_) {
+      finish(*f, e);
+      recycle(std::move(f->c));
+    }
     active_.clear();
   }
 
@@ -389,6 +440,17 @@ class comm_core {
   std::condition_variable worker_cv_;
   std::atomic<bool> stopping_{false};
   std::thread worker_;
+
+  static constexpr std::size_t max_spare_calls = 4;
+  std::mutex spare_mutex_;  // finished calls come back from whichever thread drove them
+  std::vector<std::unique_ptr<call>> spare_calls_;
+  struct cached_schedule {
+    bool used = false;
+    schedule_key key;
+    schedule steps;
+  };
+  std::array<cached_schedule, 8> schedules_{};  // the thread issuing calls only
+  std::size_t next_schedule_ = 0;
 };
 
 }  // namespace plait::detail
