@@ -154,17 +154,19 @@ class comm_core {
   // Runs a blocking call on the caller's thread (driving any async calls before it too).
   void run(std::unique_ptr<call> c) {
     throw_if_broken();
-    auto f = std::make_shared<flight>();
+    std::shared_ptr<flight> f = take_flight();
     f->c = std::move(c);
     enqueue(f);
     drive_until([&] { return f->finished; });
-    if (f->failure) std::rethrow_exception(f->failure);
+    std::exception_ptr failure = std::move(f->failure);
+    recycle_flight(std::move(f));
+    if (failure) std::rethrow_exception(failure);
   }
 
   // Queues an async call; the progress thread drives it.
   request submit(std::unique_ptr<call> c) {
     throw_if_broken();
-    auto f = std::make_shared<flight>();
+    std::shared_ptr<flight> f = take_flight();
     f->c = std::move(c);
     f->state = std::make_shared<request_state>();
     request r(f->state);
@@ -204,6 +206,29 @@ class comm_core {
     c->reset();
     std::lock_guard lock(spare_mutex_);
     if (spare_calls_.size() < max_spare_calls) spare_calls_.push_back(std::move(c));
+  }
+
+  std::shared_ptr<flight> take_flight() {
+    {
+      std::lock_guard lock(spare_mutex_);
+      if (!spare_flights_.empty()) {
+        std::shared_ptr<flight> f = std::move(spare_flights_.back());
+        spare_flights_.pop_back();
+        return f;
+      }
+    }
+    return std::make_shared<flight>();
+  }
+
+  // Back to the spare list once nobody else holds it.
+  void recycle_flight(std::shared_ptr<flight> f) noexcept {
+    if (!f || f.use_count() != 1) return;
+    recycle(std::move(f->c));
+    f->state.reset();
+    f->finished = false;
+    f->failure = nullptr;
+    std::lock_guard lock(spare_mutex_);
+    if (spare_flights_.size() < max_spare_calls) spare_flights_.push_back(std::move(f));
   }
 
   void enqueue(const std::shared_ptr<flight>& f) {
@@ -329,7 +354,9 @@ class comm_core {
     while (!active_.empty() && active_.front()->c->done()) {
       finish(*active_.front(), nullptr);
       recycle(std::move(active_.front()->c));
+      std::shared_ptr<flight> done = std::move(active_.front());
       active_.pop_front();
+      recycle_flight(std::move(done));  // an async one; a blocking call's run() recycles its own
     }
   }
 
@@ -444,6 +471,7 @@ class comm_core {
   static constexpr std::size_t max_spare_calls = 4;
   std::mutex spare_mutex_;  // finished calls come back from whichever thread drove them
   std::vector<std::unique_ptr<call>> spare_calls_;
+  std::vector<std::shared_ptr<flight>> spare_flights_;
   struct cached_schedule {
     bool used = false;
     schedule_key key;
