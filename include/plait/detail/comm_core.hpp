@@ -88,15 +88,7 @@ class comm_core {
 
   // A call to fill in: a finished one reused when there is one (no allocation).
   std::unique_ptr<call> take_call() {
-    {
-      std::lock_guard lock(spare_mutex_);
-      if (!spare_calls_.empty()) {
-        std::unique_ptr<call> c = std::move(spare_calls_.back());
-        spare_calls_.pop_back();
-        return c;
-      }
-    }
-    return std::make_unique<call>();
+    return take_spare(spare_calls_, [] { return std::make_unique<call>(); });
   }
 
   // The schedule made from `key` by `make` (an algorithm), kept for the next calls
@@ -209,15 +201,21 @@ class comm_core {
   }
 
   std::shared_ptr<flight> take_flight() {
+    return take_spare(spare_flights_, [] { return std::make_shared<flight>(); });
+  }
+
+  // The last of `spares` (finished calls or flights), or a new one from `make`.
+  template <class P, class Make>
+  P take_spare(std::vector<P>& spares, Make make) {
     {
       std::lock_guard lock(spare_mutex_);
-      if (!spare_flights_.empty()) {
-        std::shared_ptr<flight> f = std::move(spare_flights_.back());
-        spare_flights_.pop_back();
-        return f;
+      if (!spares.empty()) {
+        P p = std::move(spares.back());
+        spares.pop_back();
+        return p;
       }
     }
-    return std::make_shared<flight>();
+    return make();
   }
 
   // Back to the spare list once nobody else holds it.
