@@ -91,9 +91,8 @@ class comm_core {
     return take_spare(spare_calls_, [] { return std::make_unique<call>(); });
   }
 
-  // The schedule made from `key` by `make` (an algorithm), kept for the next calls
-  // made from the same key: a loop of the same collective builds it once. Called
-  // from the thread issuing calls (one at a time), so it needs no lock.
+  // What a schedule is made from: the algorithm's parameters (rank and size are the
+  // communicator's), and for send and recv the peer and the direction.
   struct schedule_key {
     collective_kind kind = collective_kind::none;
     std::uint8_t algorithm = 0;
@@ -104,6 +103,10 @@ class comm_core {
     bool receiving = false;
     bool operator==(const schedule_key&) const = default;
   };
+
+  // The schedule made from `key` by `make` (an algorithm), kept for the next calls
+  // made from the same key: a loop of the same collective builds it once. Called
+  // from the thread issuing calls (one at a time), so it needs no lock.
   template <class Make>
   const schedule& schedule_for(const schedule_key& key, Make&& make) {
     for (auto& e : schedules_)
