@@ -53,6 +53,15 @@ inline comm_config config_from_env() {
     else
       throw bad_env("PLAIT_PROGRESS", s, "caller or thread");
   }
+  if (const char* v = std::getenv("PLAIT_SINGLE_COPY")) {
+    const std::string_view s(v);
+    if (s == "on")
+      cfg.single_copy = true;
+    else if (s == "off")
+      cfg.single_copy = false;
+    else
+      throw bad_env("PLAIT_SINGLE_COPY", s, "on or off");
+  }
   return cfg;
 }
 
@@ -93,6 +102,7 @@ class communicator {
       lc.slot_bytes = cfg.slice_bytes;
       lc.depth = cfg.depth;
       lc.connect_timeout = cfg.timeout;
+      lc.single_copy = cfg.single_copy;
       auto links = Transport::connect(*ctx, core->bell(), lc, std::span<const int>(peers));
       ctx->barrier("connected", deadline);
       core->attach(std::move(links), std::move(ctx), std::move(keepalive));

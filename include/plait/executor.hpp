@@ -216,28 +216,45 @@ class executor {
         from = out;
       else if (s.recvs() == 0 && local != nullptr && !s.finalize)
         from = local;
+      // A send by reference leaves the bytes where they are for the receiver to copy:
+      // worth it only where every receive is a plain copy into the output, and where
+      // the sender has nothing else to do (measured: docs/performance.md, "Single
+      // copy on shm"; all_gather, whose own block's copy the slot path fuses with the
+      // send, lost with it at 256K-4M).
+      const bool by_reference_pays =
+          c.desc.kind == collective_kind::broadcast || c.desc.kind == collective_kind::point_to_point;
       for (int p : s.send_peer)
-        if (p >= 0 && from != nullptr && !links_->sends_from_memory(p)) from = nullptr;
+        if (p >= 0 && from != nullptr &&
+            (!links_->sends_from_memory(p) || (!by_reference_pays && links_->sends_by_reference(p))))
+          from = nullptr;
     }
-    int received = 0;
+    int recv_from[3];
+    int nr = 0;
     for (int p : s.recv_peer) {
       if (p < 0) continue;
       slot_view v = links_->peek(p);
       if (v.header == nullptr) return false;
       check_slot(c, s, p, *v.header, bytes);
-      if (local != nullptr && received == s.src_pos) srcs[ns++] = local, local = nullptr;
-      srcs[ns++] = v.payload;
-      ++received;
+      recv_from[nr++] = p;
     }
-    if (local != nullptr) srcs[ns++] = local;
     for (int p : s.send_peer) {
       if (p < 0) continue;
       std::byte* slot = links_->acquire(p);
       if (slot == nullptr) return false;
       if (from == nullptr) dsts[nd++] = slot;
     }
-    if (out != nullptr) dsts[nd++] = out;
-    if (s.count > 0 && ns > 0 && nd > 0) c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
+    // Ready: every slot is here and every outgoing slot free. A plain copy of one
+    // received slot into the output may go straight from the sender's memory.
+    const bool plain_copy = nr == 1 && local == nullptr && !s.finalize && out != nullptr && nd == 0;
+    if (!(plain_copy && s.count > 0 && links_->receive_into(recv_from[0], out, bytes))) {
+      for (int i = 0; i < nr; ++i) {
+        if (local != nullptr && i == s.src_pos) srcs[ns++] = local, local = nullptr;
+        srcs[ns++] = links_->fetch(recv_from[i]);
+      }
+      if (local != nullptr) srcs[ns++] = local;
+      if (out != nullptr) dsts[nd++] = out;
+      if (s.count > 0 && ns > 0 && nd > 0) c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
+    }
     for (int p : s.send_peer) {
       if (p < 0) continue;
       slot_header h;

@@ -97,6 +97,9 @@ struct link_config {
   std::size_t slot_bytes = 0;  // payload capacity of one slot
   std::size_t depth = 0;       // slots per FIFO
   std::chrono::nanoseconds connect_timeout{};
+  // Transports that can let a peer copy straight from this rank's memory (shm: CMA)
+  // may; false keeps every byte in slots (PLAIT_SINGLE_COPY=off).
+  bool single_copy = true;
 };
 
 // A received slot, valid until release().
@@ -140,11 +143,32 @@ class link_set {
     return true;
   }
   virtual void detach() noexcept {}
+  // Whether post_from() to `peer` leaves the bytes in the caller's memory for the
+  // peer to copy from there itself (shm's single copy), rather than moving them out
+  // (tcp). Then it pays only where the receiver copies the bytes straight into its
+  // output (receive_into below): a receiver that reduces them needs them in a slot.
+  virtual bool sends_by_reference(int peer) const {
+    (void)peer;
+    return false;
+  }
 
   // Receive side. peek() returns the oldest full slot from `peer` (header not yet
   // validated beyond framing), or an empty view. release() frees it.
   virtual slot_view peek(int peer) = 0;
   virtual void release(int peer) = 0;
+  // The head slot's payload, readable until release(). peek()'s payload may be
+  // null for a slot whose bytes are still in the sender's memory (sends_by_reference):
+  // fetch() brings them over first. Call it once the step will run (it may copy).
+  virtual const std::byte* fetch(int peer) { return peek(peer).payload; }
+  // Copies the head slot's payload (`bytes` of it) into `dst` when the transport does
+  // that better than a copy out of the slot (from the sender's memory straight into
+  // `dst`); false: nothing done, the caller copies from fetch().
+  virtual bool receive_into(int peer, std::byte* dst, std::size_t bytes) {
+    (void)peer;
+    (void)dst;
+    (void)bytes;
+    return false;
+  }
 
   // Throws plait::error if the link to `peer` has failed (dead peer, protocol error).
   virtual void health(int peer) = 0;

@@ -74,6 +74,11 @@ inline constexpr std::uint16_t wire_version = 1;
 enum slot_flags : std::uint16_t {
   slot_data = 0,
   slot_error_notice = 1,  // the sender failed this call (invalid_argument); no payload
+  // The payload is still in the sender's memory at address `reserved` (shm single
+  // copy); the receiver copies it from there, and the sender keeps it until the slot
+  // is released. A sender that fails first copies the payload into the slot and
+  // clears this flag (link_set::detach), so the slot alone is then the truth.
+  slot_by_reference = 2,
 };
 
 struct slot_header {

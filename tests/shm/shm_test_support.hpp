@@ -192,6 +192,22 @@ inline std::vector<std::string> run_ranks(int n, std::chrono::seconds limit,
   return results;
 }
 
+// Runs body(rank, bootstrap, links, bell) in two forked ranks connected by shm
+// through a fresh directory's file_bootstrap; returns each rank's result.
+inline std::vector<std::string> run_linked_pair(
+    const link_config& cfg,
+    const std::function<std::string(int, file_bootstrap&, link_set&, plait::detail::doorbell&)>& body,
+    std::chrono::seconds limit = std::chrono::seconds(60)) {
+  temp_dir dir;
+  return run_ranks(2, limit, [&](int r, int) -> std::string {
+    file_bootstrap ctx(dir.path(), r, 2);
+    plait::detail::doorbell bell;
+    const std::vector<int> peers{1 - r};
+    auto links = plait::transport::shm::connect(ctx, bell, cfg, peers);
+    return body(r, ctx, *links, bell);
+  });
+}
+
 // A link_config for tests.
 inline link_config config(std::size_t slot_bytes, std::size_t depth, std::chrono::nanoseconds timeout = 20s) {
   link_config cfg;
@@ -199,6 +215,27 @@ inline link_config config(std::size_t slot_bytes, std::size_t depth, std::chrono
   cfg.depth = depth;
   cfg.connect_timeout = timeout;
   return cfg;
+}
+
+// A data slot's header: sender, sequence number and payload bytes.
+inline plait::detail::slot_header header_for(int sender, std::uint64_t sequence, std::uint32_t bytes) {
+  plait::detail::slot_header h;
+  h.sender = sender;
+  h.desc.sequence = sequence;
+  h.bytes = bytes;
+  return h;
+}
+
+// Waits (bounded, 10 s) until peek(peer) returns a slot; health(peer) throws meanwhile.
+inline plait::slot_view wait_for_slot(plait::link_set& links, plait::detail::doorbell& bell, int peer) {
+  const auto deadline = clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    const auto seen = bell.snapshot();
+    if (auto v = links.peek(peer); v.header != nullptr) return v;
+    links.health(peer);
+    if (clock::now() > deadline) throw std::runtime_error("no slot from rank " + std::to_string(peer) + " in 10 s");
+    bell.wait(seen, std::chrono::milliseconds(10));
+  }
 }
 
 inline std::vector<int> all_but(int me, int n) {

@@ -12,14 +12,6 @@ using namespace plait::testing::shm_test;
 using plait::clock;
 using plait::errc;
 
-plait::detail::slot_header header_for(int sender, std::uint64_t sequence, std::uint32_t bytes) {
-  plait::detail::slot_header h;
-  h.sender = sender;
-  h.desc.sequence = sequence;
-  h.bytes = bytes;
-  return h;
-}
-
 // Polls health(peer) on the doorbell until it throws or `window` passes. Returns
 // "none" if nothing was thrown, else "<code> <peer> <steady ns> <message>".
 std::string watch(plait::link_set& links, plait::detail::doorbell& bell, int peer, std::chrono::nanoseconds window) {

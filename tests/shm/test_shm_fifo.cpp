@@ -22,26 +22,6 @@ std::string expect_error(F&& what, errc want, const std::string& label) {
   return label + ": did not throw " + std::string(plait::to_string(want));
 }
 
-plait::detail::slot_header header_for(int sender, std::uint64_t sequence, std::uint32_t bytes) {
-  plait::detail::slot_header h;
-  h.sender = sender;
-  h.desc.sequence = sequence;
-  h.bytes = bytes;
-  return h;
-}
-
-// Waits (bounded) until peek(peer) returns a slot.
-plait::slot_view wait_for_slot(plait::link_set& links, plait::detail::doorbell& bell, int peer) {
-  const auto deadline = clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    const auto seen = bell.snapshot();
-    if (auto v = links.peek(peer); v.header != nullptr) return v;
-    links.health(peer);
-    if (clock::now() > deadline) throw std::runtime_error("no slot from rank " + std::to_string(peer) + " in 10 s");
-    bell.wait(seen, std::chrono::milliseconds(10));
-  }
-}
-
 constexpr std::size_t depth = 4;
 constexpr std::size_t slot = 256;
 

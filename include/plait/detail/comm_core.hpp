@@ -41,6 +41,9 @@ struct comm_config {
   // (link_set::progress, handing back to the transport's thread when it sleeps), or
   // always the transport's own thread (tcp's progress thread).
   bool waiter_io = true;
+  // Let a transport that can (shm: CMA) have peers copy large plain sends straight
+  // from this rank's memory (link_config::single_copy; PLAIT_SINGLE_COPY).
+  bool single_copy = true;
   // The transport's messages are costly (transport_traits::network): `automatic`
   // picks with that in mind. Set by communicator::create from the transport type.
   bool network = false;

@@ -37,7 +37,12 @@ class links final : public link_set {
     if (local_) local_->detach();
     if (remote_) remote_->detach();
   }
+  bool sends_by_reference(int peer) const override { return at(peer)->sends_by_reference(peer); }
   slot_view peek(int peer) override { return at(peer)->peek(peer); }
+  const std::byte* fetch(int peer) override { return at(peer)->fetch(peer); }
+  bool receive_into(int peer, std::byte* dst, std::size_t bytes) override {
+    return at(peer)->receive_into(peer, dst, bytes);
+  }
   void release(int peer) override { at(peer)->release(peer); }
   void health(int peer) override { at(peer)->health(peer); }
   bool progress() noexcept override { return (local_ && local_->progress()) | (remote_ && remote_->progress()); }

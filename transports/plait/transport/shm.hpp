@@ -16,6 +16,9 @@
 // connect can leave its /dev/shm/plait-<job key>-<rank> behind.
 // Peers must run as the same user (segments are mode 0600), share /dev/shm and a
 // PID namespace (liveness uses pidfds); connect checks the last and says so.
+// Where a rank can read its peers' memory (CMA), large plain sends on huge pages
+// go by reference and the receiver makes the only copy (detail/shm_single_copy.hpp);
+// connect probes that per pair, and link_config::single_copy = false turns it off.
 #pragma once
 
 #include <algorithm>
@@ -34,6 +37,7 @@
 #include <plait/transport.hpp>
 #include <plait/transport/detail/shm_links.hpp>
 #include <plait/transport/detail/shm_segment.hpp>
+#include <plait/transport/detail/shm_single_copy.hpp>
 
 namespace plait::transport {
 
@@ -48,6 +52,8 @@ struct announcement {
   std::uint64_t pidns_ino = 0;
   std::uint64_t slot_bytes = 0;
   std::uint64_t depth = 0;
+  std::uint64_t probe_address = 0;  // a word peers read by CMA to test that path (shm_single_copy.hpp)
+  std::uint64_t probe_value = 0;
   char host[64] = {};
 };
 
@@ -57,6 +63,8 @@ inline announcement announce_self(int rank, const geometry& g, const std::string
   a.slot_bytes = g.slot_bytes;
   a.depth = g.depth;
   a.pid = ::getpid();
+  a.probe_address = reinterpret_cast<std::uintptr_t>(probe_address());
+  a.probe_value = *probe_address();
   struct stat st {};
   if (::stat("/proc/self/ns/pid", &st) == 0) {
     a.pidns_dev = static_cast<std::uint64_t>(st.st_dev);
@@ -117,7 +125,7 @@ inline std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::
   const auto deadline = clock::now() + timeout;
   const geometry g = make_geometry(cfg.slot_bytes, cfg.depth, peers.size(), me);
 
-  auto set = std::make_unique<shm_link_set>(me, size, g, bell);
+  auto set = std::make_unique<shm_link_set>(me, size, g, bell, cfg.single_copy);
   if (!peers.empty()) set->create_own(segment_name_of(ctx.job_key(), me), peers);
   const announcement mine = announce_self(me, g, ctx.host_id());
   ctx.put("shm/" + std::to_string(me), std::as_bytes(std::span(&mine, 1)));
@@ -129,7 +137,7 @@ inline std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::
     announcement theirs;
     if (!raw.empty()) std::memcpy(&theirs, raw.data(), std::min(raw.size(), sizeof theirs));
     check_peer(mine, theirs, raw.size(), p);
-    set->attach(p, theirs.pid, segment_name_of(ctx.job_key(), p), i);
+    set->attach(p, theirs.pid, segment_name_of(ctx.job_key(), p), i, theirs.probe_address, theirs.probe_value);
   }
   ctx.barrier("shm-mapped", deadline);
   set->unlink_own();

@@ -10,6 +10,17 @@
 // Every post() and release() rings the peer's doorbell (a peer may sleep waiting
 // for data or for space); the doorbell makes the futex call only for a sleeper.
 //
+// Single copy (shm_single_copy.hpp): where the peer can read this rank's memory
+// (it probed that at connect and set reader_copies in our send FIFO), post_from()
+// of bytes on huge pages posts the slot by reference (slot_by_reference, the
+// address in the header) and keeps the memory until the peer releases the slot
+// (sent()). The receiver copies such a slot straight into its output
+// (receive_into()), or into a private staging buffer when it needs the bytes in
+// memory (fetch(); peek() gives no payload for it). After every copy the receiver
+// looks at the slot's flag again: a sender that failed has copied the bytes into the
+// slot and cleared the flag (detach()), and the slot's copy is then the one to use;
+// a sender that exited with the flag still set is peer_lost.
+//
 // Errors: peek() validates the slot's framing (magic, version, bytes <= slot_bytes)
 // and throws errc::protocol for a bad one; the failure sticks to that link, so
 // peek() and health() on it throw it again. health(p) throws peer_lost when p's
@@ -22,6 +33,8 @@
 // lives in this rank's segment until the destructor rebinds it).
 #pragma once
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -29,11 +42,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <plait/transport.hpp>
 #include <plait/transport/detail/shm_liveness.hpp>
 #include <plait/transport/detail/shm_segment.hpp>
+#include <plait/transport/detail/shm_single_copy.hpp>
 
 namespace plait::transport::shm_detail {
 
@@ -43,8 +58,17 @@ inline plait::detail::doorbell_word detached_bell{};
 
 class shm_link_set final : public link_set {
  public:
-  shm_link_set(int rank, int size, const geometry& g, plait::detail::doorbell& bell)
-      : rank_(rank), geometry_(g), bell_(&bell), index_of_(static_cast<std::size_t>(size), -1) {}
+  shm_link_set(int rank, int size, const geometry& g, plait::detail::doorbell& bell, bool single_copy = true)
+      : rank_(rank),
+        geometry_(g),
+        bell_(&bell),
+        index_of_(static_cast<std::size_t>(size), -1),
+        single_copy_(single_copy),
+        may_lend_(single_copy && !oversubscribed(size)) {}
+
+  // Posts by reference from this many bytes up (below it a copy into the slot costs
+  // less than the system call and the page pinning).
+  static constexpr std::size_t min_reference_bytes = 64 * 1024;
 
   shm_link_set(const shm_link_set&) = delete;
   shm_link_set& operator=(const shm_link_set&) = delete;
@@ -62,8 +86,10 @@ class shm_link_set final : public link_set {
     bell_->bind(&own_.header()->bell);
   }
 
-  // Maps `peer`'s segment and starts watching its process.
-  void attach(int peer, std::int64_t pid, const std::string& name, std::size_t index_in_own) {
+  // Maps `peer`'s segment and starts watching its process; probes whether this rank
+  // can copy from the peer's memory (probe_address/value from its announcement).
+  void attach(int peer, std::int64_t pid, const std::string& name, std::size_t index_in_own,
+              std::uint64_t probe_address = 0, std::uint64_t probe_value = 0) {
     std::size_t out_offset = 0;
     mapping map = open_segment(name, geometry_, rank_, peer, pid, out_offset);
     link l;
@@ -76,6 +102,13 @@ class shm_link_set final : public link_set {
     l.in_ctl = reinterpret_cast<fifo_control*>(own_.base() + in_offset);
     l.in_slots = own_.base() + in_offset + sizeof(fifo_control);
     l.map = std::move(map);
+    l.pid = static_cast<pid_t>(pid);
+    l.lent.reserve(geometry_.depth);
+    if (single_copy_ && probe(l.pid, probe_address, probe_value)) {
+      l.staging.reset(new std::byte[geometry_.slot_bytes]);
+      std::memset(l.staging.get(), 0, geometry_.slot_bytes);  // touched now, not on the first copy
+      l.in_ctl->reader_copies.store(1, std::memory_order_release);
+    }
     watch_.add(rank_, peer, static_cast<pid_t>(pid));
     index_of_[static_cast<std::size_t>(peer)] = static_cast<int>(links_.size());
     links_.push_back(std::move(l));
@@ -113,14 +146,61 @@ class shm_link_set final : public link_set {
     if (acquire(peer) == nullptr)
       throw error(errc::invalid_argument, "shm: post() with no free slot (call acquire() first and check it)", rank_,
                   peer);
-    std::memcpy(out_slot(l), &header, sizeof header);
-#if defined(__x86_64__) || defined(__i386__)
-    // A kernel may fill the payload with non-temporal stores, which a release store
-    // does not order on x86; the fence makes them visible before the tail is.
-    __builtin_ia32_sfence();
-#endif
-    l.out_ctl->tail.store(++l.out_tail, std::memory_order_release);
-    plait::detail::doorbell::ring(&l.peer_hdr->bell);
+    publish(l, header);
+  }
+
+  bool sends_from_memory(int peer) const override { return lends(link_for(peer, "sends_from_memory")); }
+  bool sends_by_reference(int peer) const override { return sends_from_memory(peer); }
+
+  std::uint64_t post_from(int peer, const plait::detail::slot_header& header, const std::byte* payload) override {
+    link& l = link_for(peer, "post_from");
+    if (header.bytes < min_reference_bytes || !lends(l) || huge_.share(payload, header.bytes) < 0.5) {
+      std::byte* slot = acquire(peer);
+      if (slot != nullptr && header.bytes > 0 && header.bytes <= geometry_.slot_bytes)
+        std::memcpy(slot, payload, header.bytes);
+      post(peer, header);  // checks the size and the slot
+      return 0;
+    }
+    if (header.bytes > geometry_.slot_bytes || acquire(peer) == nullptr)
+      throw error(errc::invalid_argument,
+                  "shm: post_from() of " + std::to_string(header.bytes) +
+                      " bytes with no free slot or into a slot of " + std::to_string(geometry_.slot_bytes),
+                  rank_, peer);
+    // Forget what the peer has released; the rest detach() may still have to copy.
+    while (!l.lent.empty() && l.lent.front().index < l.out_head_seen) l.lent.erase(l.lent.begin());
+    plait::detail::slot_header h = header;
+    h.flags = static_cast<std::uint16_t>(h.flags | plait::detail::slot_by_reference);
+    h.reserved = reinterpret_cast<std::uintptr_t>(payload);
+    l.lent.push_back({l.out_tail, payload, header.bytes, header.flags});
+    publish(l, h);
+    return l.out_tail;  // the slot's index + 1: sent once the peer's head reaches it
+  }
+
+  bool sent(int peer, std::uint64_t ticket) override {
+    if (ticket == 0) return true;
+    link& l = link_for(peer, "sent");
+    if (l.out_head_seen >= ticket) return true;
+    l.out_head_seen = l.out_ctl->head.load(std::memory_order_acquire);
+    return l.out_head_seen >= ticket;
+  }
+
+  // Copies every lent payload the peer has not released into its slot and clears
+  // the slot's flag, so the memory is the caller's again at once.
+  void detach() noexcept override {
+    for (link& l : links_) {
+      const std::uint64_t head = l.out_ctl->head.load(std::memory_order_acquire);
+      for (const lent_slot& x : l.lent) {
+        if (x.index < head) continue;
+        std::byte* slot = l.out_slots + (x.index % geometry_.depth) * geometry_.slot_stride;
+        auto* h = reinterpret_cast<plait::detail::slot_header*>(slot);
+        std::memcpy(slot + sizeof(plait::detail::slot_header), x.from, x.bytes);
+        // Full fence: the payload (maybe non-temporal stores) before the flag, and the
+        // flag before the caller may change the memory the peer might still be reading.
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        std::atomic_ref<std::uint16_t>(h->flags).store(x.flags, std::memory_order_seq_cst);
+      }
+      l.lent.clear();
+    }
   }
 
   slot_view peek(int peer) override {
@@ -132,15 +212,34 @@ class shm_link_set final : public link_set {
     std::memcpy(&l.in_header, slot, sizeof l.in_header);
     const auto& h = l.in_header;
     if (h.magic != plait::detail::slot_magic || h.version != plait::detail::wire_version ||
-        h.bytes > geometry_.slot_bytes)
+        h.bytes > geometry_.slot_bytes || ((h.flags & plait::detail::slot_by_reference) && !l.staging))
       fail(l,
            error(errc::protocol,
                  "shm: slot #" + std::to_string(l.in_head) + " from rank " + std::to_string(peer) +
                      " has a bad header (magic " + std::to_string(h.magic) + ", version " + std::to_string(h.version) +
                      ", " + std::to_string(h.bytes) + " bytes in a slot of " + std::to_string(geometry_.slot_bytes) +
-                     "): the peer runs a different plait version or wrote outside its slots",
+                     "), or one by reference this rank did not offer to read: the peer runs a different plait "
+                     "version or wrote outside its slots",
                  rank_, peer));
+    if (h.flags & plait::detail::slot_by_reference) return {&l.in_header, nullptr};  // fetch() brings it
     return {&l.in_header, slot + sizeof(plait::detail::slot_header)};
+  }
+
+  const std::byte* fetch(int peer) override {
+    link& l = link_for(peer, "fetch");
+    const slot_view v = peek(peer);
+    if (v.header == nullptr)
+      throw error(errc::invalid_argument, "shm: fetch() with no received slot (peek() first)", rank_, peer);
+    if (v.payload != nullptr) return v.payload;
+    return copy_lent(l, l.staging.get()) ? l.staging.get() : in_slot(l) + sizeof(plait::detail::slot_header);
+  }
+
+  bool receive_into(int peer, std::byte* dst, std::size_t bytes) override {
+    link& l = link_for(peer, "receive_into");
+    const slot_view v = peek(peer);
+    if (v.header == nullptr || v.payload != nullptr || bytes != v.header->bytes) return false;
+    if (!copy_lent(l, dst)) std::memcpy(dst, in_slot(l) + sizeof(plait::detail::slot_header), bytes);
+    return true;
   }
 
   void release(int peer) override {
@@ -207,6 +306,13 @@ class shm_link_set final : public link_set {
   }
 
  private:
+  struct lent_slot {
+    std::uint64_t index;  // the slot's number on its FIFO
+    const std::byte* from;
+    std::uint32_t bytes;
+    std::uint16_t flags;  // the header's flags without slot_by_reference
+  };
+
   struct link {
     int peer = -1;
     mapping map;  // the peer's segment
@@ -223,8 +329,15 @@ class shm_link_set final : public link_set {
     std::uint64_t in_tail_seen = 0;  // the producer's tail, as last read
     plait::detail::slot_header in_header;
     std::optional<error> failure;  // sticky: protocol error or peer lost
+    // single copy
+    pid_t pid = 0;
+    std::unique_ptr<std::byte[]> staging;  // set when this rank can read the peer's memory
+    std::vector<lent_slot> lent;           // slots posted by reference, oldest first
   };
 
+  const link& link_for(int peer, const char* call) const {
+    return const_cast<shm_link_set*>(this)->link_for(peer, call);
+  }
   link& link_for(int peer, const char* call) {
     if (!reaches(peer))
       throw error(errc::invalid_argument,
@@ -255,6 +368,57 @@ class shm_link_set final : public link_set {
     return tail != l.in_head;
   }
 
+  // A lender's call ends only once its reader has copied: with more ranks than cores
+  // the reader is often not running, and lending measured slower (4 ranks on 2 cores,
+  // docs/performance.md). Such a rank still reads what its peers lend.
+  static bool oversubscribed(int size) noexcept {
+    const unsigned cores = std::thread::hardware_concurrency();
+    return cores != 0 && static_cast<unsigned>(size) > cores;
+  }
+
+  // The producer may post by reference: it allows that, and the consumer can read us.
+  bool lends(const link& l) const noexcept {
+    return may_lend_ && l.out_ctl->reader_copies.load(std::memory_order_relaxed) != 0;
+  }
+
+  void publish(link& l, const plait::detail::slot_header& header) {
+    std::memcpy(out_slot(l), &header, sizeof header);
+#if defined(__x86_64__) || defined(__i386__)
+    // A kernel may fill the payload with non-temporal stores, which a release store
+    // does not order on x86; the fence makes them visible before the tail is.
+    __builtin_ia32_sfence();
+#endif
+    l.out_ctl->tail.store(++l.out_tail, std::memory_order_release);
+    plait::detail::doorbell::ring(&l.peer_hdr->bell);
+  }
+
+  // Copies the head slot's lent payload from the peer's memory to `dst`. Returns
+  // false when the slot itself holds the bytes (the peer failed and copied them
+  // there): the caller copies from the slot. Throws when the bytes are lost.
+  bool copy_lent(link& l, std::byte* dst) {
+    const plait::detail::slot_header& h = l.in_header;
+    const int err = read_from(l.pid, dst, static_cast<std::uintptr_t>(h.reserved), h.bytes);
+    // Our own segment: writable; the flag is the one field the producer still changes.
+    auto* shared = reinterpret_cast<plait::detail::slot_header*>(const_cast<std::byte*>(in_slot(l)));
+    if ((std::atomic_ref<std::uint16_t>(shared->flags).load(std::memory_order_seq_cst) &
+         plait::detail::slot_by_reference) == 0)
+      return false;
+    const auto i = static_cast<std::size_t>(index_of_[static_cast<std::size_t>(l.peer)]);
+    if (err == ESRCH || (err == 0 && watch_.exited(i)))
+      fail(l, error(errc::peer_lost,
+                    "shm: rank " + std::to_string(l.peer) + " (pid " + std::to_string(l.pid) +
+                        ") exited while this rank copied its data from its memory; look at that rank's output "
+                        "for the cause",
+                    rank_, l.peer));
+    if (err != 0)
+      fail(l, error(errc::protocol,
+                    "shm: copying " + std::to_string(h.bytes) + " bytes from rank " + std::to_string(l.peer) +
+                        "'s memory failed (" + std::strerror(err) +
+                        "): its slot points at memory it does not have, or something denies process_vm_readv now",
+                    rank_, l.peer));
+    return true;
+  }
+
   [[noreturn]] void fail(link& l, error e) {
     l.failure = std::move(e);
     throw *l.failure;
@@ -269,6 +433,9 @@ class shm_link_set final : public link_set {
   std::vector<int> index_of_;  // rank -> index in links_, -1 when not reached
   peer_watch watch_;           // in links_ order
   bool closed_ = false;
+  bool single_copy_ = true;  // this rank reads what peers lend, where it can
+  bool may_lend_ = true;     // and lends, where they can read it
+  huge_pages huge_;
 };
 
 }  // namespace plait::transport::shm_detail

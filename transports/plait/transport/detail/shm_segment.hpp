@@ -38,7 +38,7 @@
 namespace plait::transport::shm_detail {
 
 inline constexpr std::uint64_t segment_magic = 0x316d7374'69616c70;  // "plaitsm1"
-inline constexpr std::uint32_t segment_version = 1;
+inline constexpr std::uint32_t segment_version = 2;                  // 2: slots by reference (single copy)
 inline constexpr std::size_t cache_line = 64;
 // Head and tail sit 128 bytes apart: x86 prefetches cache lines in adjacent pairs,
 // so 64 bytes apart the producer's and the consumer's writes would still collide.
@@ -78,6 +78,10 @@ struct fifo_entry {
 struct alignas(false_sharing_span) fifo_control {
   alignas(false_sharing_span) std::atomic<std::uint64_t> tail{0};  // slots posted: written by the producer
   alignas(false_sharing_span) std::atomic<std::uint64_t> head{0};  // slots released: written by the consumer
+  // Set by the consumer at connect, before the "shm-mapped" barrier, when it can copy
+  // straight from the producer's memory (shm_single_copy.hpp): the producer may then
+  // post slots by reference. Read-only afterwards.
+  std::atomic<std::uint32_t> reader_copies{0};
 };
 static_assert(sizeof(fifo_control) == 2 * false_sharing_span);
 
