@@ -137,6 +137,9 @@ void add_others(case_list<Tr>& cs, int n, std::size_t count) {
       {label<T, Op>("all_gather<ring>", n, count), gather(ring{}), [gather_ref](int) { return gather_ref(); }});
   cs.push_back(
       {label<T, Op>("all_gather<direct>", n, count), gather(direct{}), [gather_ref](int) { return gather_ref(); }});
+  if (recursive_doubling::supports(n))  // power-of-two ranks (others are invalid_argument)
+    cs.push_back({label<T, Op>("all_gather<recursive_doubling>", n, count), gather(recursive_doubling{}),
+                  [gather_ref](int) { return gather_ref(); }});
   cs.push_back({label<T, Op>("all_gather<automatic>", n, count), gather(automatic{}),
                 [gather_ref](int) { return gather_ref(); }});
   cs.push_back({label<T, Op>("reduce_scatter<ring>", n, count), scatter(ring{}), scatter_ref});

@@ -111,6 +111,38 @@ TEST_CASE("all_reduce<recursive_doubling> on 3 or 6 ranks is invalid_argument on
   expect_refused_everywhere<plait::recursive_doubling>(GENERATE(3, 6), "power-of-two");
 }
 
+TEST_CASE("all_gather<recursive_doubling>: every shard in place on 1 to 8 ranks, refused on 3 or 6",
+          "[sim][doubling]") {
+  const int n = GENERATE(1, 2, 3, 4, 6, 8);
+  const std::size_t count = GENERATE(std::size_t{0}, std::size_t{5}, std::size_t{1000});
+  auto errors = on_threads(n, "sim-gather-rd-" + std::to_string(n), [&](comm_t& c, std::string& err) {
+    const auto shard = exact_pattern<float>(c.rank(), count);
+    std::vector<float> full(count * static_cast<std::size_t>(n), -1.0f);
+    try {
+      plait::all_gather<plait::recursive_doubling>(c, std::span<const float>(shard), std::span<float>(full));
+    } catch (const plait::error& e) {
+      if (plait::recursive_doubling::supports(n) || e.code() != plait::errc::invalid_argument ||
+          std::string(e.what()).find("power-of-two") == std::string::npos)
+        err = std::string("threw: ") + e.what();
+      return;
+    }
+    if (!plait::recursive_doubling::supports(n)) {
+      err = "returned on " + std::to_string(n) + " ranks";
+      return;
+    }
+    std::vector<float> want;
+    for (int q = 0; q < n; ++q) {
+      const auto s = exact_pattern<float>(q, count);
+      want.insert(want.end(), s.begin(), s.end());
+    }
+    err += compare(want, full, c.rank(), "all_gather<recursive_doubling>");
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO(n << " ranks, count " << count << ", rank " << r);
+    CHECK(errors[static_cast<std::size_t>(r)] == "");
+  }
+}
+
 // Floats with rounding: every rank must still hold the same bits, whichever
 // algorithm combined them (ring and tree compute each element once and pass it on;
 // direct and recursive doubling compute it on every rank, in one association).

@@ -43,10 +43,15 @@ TEST_CASE("automatic over memory keeps the choices tuned on shm", "[automatic]")
   CHECK(pick_exchange<automatic>(collective_kind::reduce_scatter, 4 * K, 4, false) == plait::direct::id);
 }
 
-TEST_CASE("automatic reduce_scatter over a network stays on the ring", "[automatic]") {
+TEST_CASE("automatic over a network: reduce_scatter stays on the ring, all_gather doubles on 2^k ranks",
+          "[automatic]") {
   constexpr std::size_t K = 1024;
   CHECK(pick_exchange<automatic>(collective_kind::reduce_scatter, 4 * K, 4, true) == plait::ring::id);
-  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 4, true) == plait::ring::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 4, true) == plait::recursive_doubling::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 64 * K * K, 8, true) == plait::recursive_doubling::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 2, true) == plait::ring::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 6, true) == plait::ring::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 4, false) == plait::ring::id);
 }
 
 TEST_CASE("an explicit algorithm is never overridden by the transport", "[automatic]") {

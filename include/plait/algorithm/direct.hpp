@@ -171,7 +171,7 @@ struct automatic {
   static constexpr std::size_t doubling_below_bytes(int ranks) noexcept { return ranks == 4 ? 64 * 1024 : 32 * 1024; }
   // reduce_scatter (S the whole input): direct below this, ring above. Measured on 4
   // ranks: 4K 16.7 vs 23.5 us, even at 16K, the ring ahead from 64K. all_gather stays
-  // on the ring: with 4 ranks it already answers 4K in 8.6 us (direct 8.8) and wins above.
+  // on the ring over memory: with 4 ranks it already answers 4K in 8.6 us (direct 8.8) and wins above.
   static constexpr std::size_t scatter_direct_below_bytes(int ranks) noexcept { return ranks >= 4 ? 16 * 1024 : 0; }
   // Over a network transport (tcp) every message costs system calls and wake-ups, and
   // with more ranks than cores each is paid on a shared core, so the number of
@@ -181,6 +181,14 @@ struct automatic {
   // vs 1694; docs/performance.md), and reduce_scatter stays on the ring (4 ranks, 4K:
   // 109 vs 149 us with direct).
   static constexpr std::size_t network_tree_upto_bytes = 1024 * 1024;
+  // all_gather over a network transport on 4, 8, ... ranks: recursive doubling
+  // (log2 n rounds) at every size: 4 ranks, tcp, against the ring: 4K 87 vs 110 us,
+  // 64K 94 vs 164, 1M 425 vs 617, 64M 36.8 vs 44.1 ms; 8 ranks 4K 291 vs 472 and
+  // level at 1M (docs/performance.md). Over memory the ring stays (level, and
+  // behind from 4M).
+  static constexpr bool network_doubling_gather(int ranks, bool network) noexcept {
+    return network && ranks >= 4 && (ranks & (ranks - 1)) == 0;
+  }
 };
 
 }  // namespace plait

@@ -16,11 +16,18 @@ request all_gather_impl(comm_core& core, std::span<const T> shard, std::span<T> 
   b.require(full.size() == shard.size() * n, "output must hold size() shards: full.size() == shard.size() * n");
   b.require(!overlaps(shard.data(), shard.size_bytes(), full.data(), full.size_bytes()),
             "input and output overlap; all_gather has no in-place form");
+  b.require(algo != recursive_doubling::id || recursive_doubling::supports(core.size()),
+            "all_gather<recursive_doubling> needs a power-of-two number of ranks; use ring or direct");
   request r;
   auto p = b.sp(shard.size());
   b.finish(
-      b.key(p), [&] { return algo == direct::id ? direct::all_gather(p) : ring::all_gather(p); }, shard.data(),
-      full.data(), async, &r);
+      b.key(p),
+      [&] {
+        return algo == direct::id               ? direct::all_gather(p)
+               : algo == recursive_doubling::id ? recursive_doubling::all_gather(p)
+                                                : ring::all_gather(p);
+      },
+      shard.data(), full.data(), async, &r);
   return r;
 }
 
