@@ -97,9 +97,17 @@ class executor {
  public:
   // `last_seen` (2 x size entries, kept by the communicator across calls) records
   // the highest collective and send/recv sequence number seen from each peer.
+  // `oversubscribed`: more ranks than cores on this host (likely), so a rank that
+  // waits for a peer often waits for it to be scheduled.
   executor(int rank, int size, link_set* links, doorbell& bell, const std::atomic<bool>& aborted,
-           std::span<std::uint64_t> last_seen)
-      : rank_(rank), size_(size), links_(links), bell_(bell), aborted_(aborted), last_seen_(last_seen) {}
+           std::span<std::uint64_t> last_seen, bool oversubscribed = false)
+      : rank_(rank),
+        size_(size),
+        links_(links),
+        bell_(bell),
+        aborted_(aborted),
+        last_seen_(last_seen),
+        oversubscribed_(oversubscribed) {}
 
   // Runs steps while they are ready. Returns true when the call is complete.
   // `earlier` are the calls issued before this one and not yet complete: a step
@@ -122,6 +130,9 @@ class executor {
   // Sends from the caller's memory are worth it from this size (below it the copy
   // into the slot costs less than keeping track).
   static constexpr std::size_t min_send_from_memory = 16 * 1024;
+  // Lending (a send by reference, link_set::sends_by_reference) pays for every call
+  // of a copy-only collective from this size (the whole call's bytes).
+  static constexpr std::size_t lend_from_call_bytes = 8 * 1024 * 1024;
 
   // Throws if the call cannot go on: aborted, past its deadline, or a peer it waits
   // on has failed. Called between advances, while waiting.
@@ -168,6 +179,21 @@ class executor {
   }
 
  private:
+  // A send by reference leaves the bytes where they are and the receiver copies them:
+  // it saves a copy only where every receive is a plain copy into the output
+  // (broadcast, send/recv, all_gather), and the lender's call ends only once its
+  // reader has copied. Measured (docs/performance.md, "Single copy on shm"): from 8
+  // MiB per call it pays for all three, with or without more ranks than cores;
+  // below it only broadcast and send/recv with a core per rank (all_gather's own
+  // shard copy, fused with the slot copy on the slot path, made it lose at 256K-4M).
+  bool lending_pays(const call& c) const noexcept {
+    const bool gather = c.desc.kind == collective_kind::all_gather;
+    if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)
+      return false;
+    const std::size_t bytes = c.desc.count * c.elem_size * (gather ? static_cast<std::size_t>(size_) : 1);
+    return bytes >= lend_from_call_bytes || (!gather && !oversubscribed_);
+  }
+
   static bool blocked_by(const step& s, std::span<call* const> earlier) {
     for (const call* e : earlier) {
       for (int p : s.send_peer)
@@ -216,16 +242,9 @@ class executor {
         from = out;
       else if (s.recvs() == 0 && local != nullptr && !s.finalize)
         from = local;
-      // A send by reference leaves the bytes where they are for the receiver to copy:
-      // worth it only where every receive is a plain copy into the output, and where
-      // the sender has nothing else to do (measured: docs/performance.md, "Single
-      // copy on shm"; all_gather, whose own block's copy the slot path fuses with the
-      // send, lost with it at 256K-4M).
-      const bool by_reference_pays =
-          c.desc.kind == collective_kind::broadcast || c.desc.kind == collective_kind::point_to_point;
+      const bool lend = lending_pays(c);
       for (int p : s.send_peer)
-        if (p >= 0 && from != nullptr &&
-            (!links_->sends_from_memory(p) || (!by_reference_pays && links_->sends_by_reference(p))))
+        if (p >= 0 && from != nullptr && (!links_->sends_from_memory(p) || (!lend && links_->sends_by_reference(p))))
           from = nullptr;
     }
     int recv_from[3];
@@ -398,6 +417,7 @@ class executor {
   doorbell& bell_;
   const std::atomic<bool>& aborted_;
   std::span<std::uint64_t> last_seen_;
+  bool oversubscribed_;
 };
 
 }  // namespace plait::detail

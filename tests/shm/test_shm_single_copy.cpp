@@ -217,9 +217,10 @@ TEST_CASE("shm single copy: a lender that dies before its slot is read is peer_l
   CHECK(results[1] == "ok");
 }
 
-// End to end: broadcast and send/recv from buffers on huge pages, whose slices go by
-// reference, at sizes that leave a partial last slice.
-TEST_CASE("shm single copy: broadcast and send/recv deliver every byte", "[shm][single_copy][collectives]") {
+// End to end: broadcast, send/recv and all_gather from buffers on huge pages, whose
+// slices go by reference, at sizes that leave a partial last slice.
+TEST_CASE("shm single copy: broadcast, send/recv and all_gather deliver every byte",
+          "[shm][single_copy][collectives]") {
   plait::testing::rank_options opt;
   opt.slice_bytes = "256K";
   auto results = plait::testing::run_ranks<plait::transport::shm>(
@@ -242,6 +243,15 @@ TEST_CASE("shm single copy: broadcast and send/recv deliver every byte", "[shm][
             plait::recv(c, std::span<float>(g, count), 1);
             for (std::size_t i = 0; i < count; ++i) wrong += g[i] != static_cast<float>(i % 777);
           }
+          // all_gather lends from 8 MiB per call (the whole output): the largest count does.
+          buffer shard(count * sizeof(float), true, 0), full(2 * count * sizeof(float), true, 0);
+          auto* h = reinterpret_cast<float*>(shard.p);
+          auto* a = reinterpret_cast<float*>(full.p);
+          for (std::size_t i = 0; i < count; ++i)
+            h[i] = static_cast<float>(c.rank() * 1000 + static_cast<int>(i % 999));
+          plait::all_gather(c, std::span<const float>(h, count), std::span<float>(a, 2 * count));
+          for (std::size_t i = 0; i < 2 * count; ++i)
+            wrong += a[i] != static_cast<float>(static_cast<int>(i / count) * 1000 + static_cast<int>(i % count % 999));
           out.push_back(plait::testing::to_blob(std::vector<std::size_t>{count, wrong}));
         }
         return out;

@@ -60,9 +60,10 @@ class comm_core {
         last_seen_(2 * static_cast<std::size_t>(size), 0) {
     const unsigned cores = std::thread::hardware_concurrency();
     // Oversubscribed (more ranks than cores on this host is likely): poll less.
+    oversubscribed_ = cores != 0 && static_cast<unsigned>(size) > cores;
     if (cfg_.poll.count() >= 0)
       bell_.set_spin(cfg_.poll);
-    else if (cores != 0 && static_cast<unsigned>(size) > cores)
+    else if (oversubscribed_)
       bell_.set_spin(doorbell::oversubscribed_spin);
   }
 
@@ -364,7 +365,9 @@ class comm_core {
     }
   }
 
-  executor make_executor() { return executor(rank_, size_, links_.get(), bell_, aborted_, last_seen_); }
+  executor make_executor() {
+    return executor(rank_, size_, links_.get(), bell_, aborted_, last_seen_, oversubscribed_);
+  }
 
   void on_failure(executor& ex, const error& e) {
     mark_broken(e);
@@ -445,6 +448,7 @@ class comm_core {
 
   int rank_, size_;
   comm_config cfg_;
+  bool oversubscribed_ = false;  // more ranks than cores on this host (likely)
   doorbell bell_;
   std::unique_ptr<link_set> links_;
   std::unique_ptr<bootstrap_context> ctx_;

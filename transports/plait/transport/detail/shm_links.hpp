@@ -42,7 +42,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <plait/transport.hpp>
@@ -63,8 +62,7 @@ class shm_link_set final : public link_set {
         geometry_(g),
         bell_(&bell),
         index_of_(static_cast<std::size_t>(size), -1),
-        single_copy_(single_copy),
-        may_lend_(single_copy && !oversubscribed(size)) {}
+        single_copy_(single_copy) {}
 
   // Posts by reference from this many bytes up (below it a copy into the slot costs
   // less than the system call and the page pinning).
@@ -368,17 +366,9 @@ class shm_link_set final : public link_set {
     return tail != l.in_head;
   }
 
-  // A lender's call ends only once its reader has copied: with more ranks than cores
-  // the reader is often not running, and lending measured slower (4 ranks on 2 cores,
-  // docs/performance.md). Such a rank still reads what its peers lend.
-  static bool oversubscribed(int size) noexcept {
-    const unsigned cores = std::thread::hardware_concurrency();
-    return cores != 0 && static_cast<unsigned>(size) > cores;
-  }
-
   // The producer may post by reference: it allows that, and the consumer can read us.
   bool lends(const link& l) const noexcept {
-    return may_lend_ && l.out_ctl->reader_copies.load(std::memory_order_relaxed) != 0;
+    return single_copy_ && l.out_ctl->reader_copies.load(std::memory_order_relaxed) != 0;
   }
 
   void publish(link& l, const plait::detail::slot_header& header) {
@@ -433,8 +423,7 @@ class shm_link_set final : public link_set {
   std::vector<int> index_of_;  // rank -> index in links_, -1 when not reached
   peer_watch watch_;           // in links_ order
   bool closed_ = false;
-  bool single_copy_ = true;  // this rank reads what peers lend, where it can
-  bool may_lend_ = true;     // and lends, where they can read it
+  bool single_copy_ = true;  // this rank reads what peers lend and lends, where they can
   huge_pages huge_;
 };
 
