@@ -62,7 +62,7 @@ run_asan() {
   ninja -C $b -j"$jobs" \
     tests/unit/test_types tests/unit/test_ops tests/unit/test_kernel tests/unit/test_executor \
     tests/sim/test_sim \
-    tests/shm/test_shm_mesh tests/shm/test_shm_fifo tests/shm/test_shm_faults \
+    tests/shm/test_shm_mesh tests/shm/test_shm_fifo tests/shm/test_shm_faults tests/shm/test_shm_single_copy \
     tests/tcp/tcp_mesh_test tests/tcp/tcp_frames_test tests/tcp/tcp_faults_test \
     tests/bootstrap/test_bootstrap_auth tests/bootstrap/test_bootstrap_socket \
     tests/bootstrap/test_bootstrap_store tests/bootstrap/test_bootstrap_launch \
@@ -76,7 +76,7 @@ run_asan() {
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export LSAN_OPTIONS=suppressions=$supp/lsan.supp
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp
-  run_tests asan $b types ops kernel executor sim shm_mesh shm_fifo shm_faults tcp_mesh tcp_frames \
+  run_tests asan $b types ops kernel executor sim shm_mesh shm_fifo shm_faults shm_single_copy tcp_mesh tcp_frames \
     bootstrap_auth bootstrap_socket bootstrap_store bootstrap_launch bootstrap_token_env \
     bootstrap_context bootstrap_plaitrun misuse mismatch types_ops_shm
   # Timing bounds (peer_lost within 1 s) are asserted: alone, as in the plain suite.
