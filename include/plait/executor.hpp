@@ -11,6 +11,9 @@
 // already there (the output the step writes, or the source of a plain send), it is
 // sent from there instead of a slot; the call then holds that memory until the
 // bytes have left: no later step writes over it, and the call is done only then.
+// A transport that lends the memory instead (shm's single copy: the receiver copies
+// from it) is used so only where that pays (lending_pays), and a receiver copies
+// such a slot straight into its output (link_set::receive_into).
 // Every received slot is checked against the call: a different call description is
 // `mismatch` naming both sides; an error notice from a peer is `mismatch` naming it.
 // Not thread-safe: one call is driven by one thread at a time.
@@ -248,13 +251,15 @@ class executor {
           from = nullptr;
     }
     int recv_from[3];
+    const std::byte* received[3];  // null: still in the sender's memory (fetch() brings it)
     int nr = 0;
     for (int p : s.recv_peer) {
       if (p < 0) continue;
       slot_view v = links_->peek(p);
       if (v.header == nullptr) return false;
       check_slot(c, s, p, *v.header, bytes);
-      recv_from[nr++] = p;
+      recv_from[nr] = p;
+      received[nr++] = v.payload;
     }
     for (int p : s.send_peer) {
       if (p < 0) continue;
@@ -263,12 +268,12 @@ class executor {
       if (from == nullptr) dsts[nd++] = slot;
     }
     // Ready: every slot is here and every outgoing slot free. A plain copy of one
-    // received slot into the output may go straight from the sender's memory.
+    // slot still in the sender's memory into the output goes straight from there.
     const bool plain_copy = nr == 1 && local == nullptr && !s.finalize && out != nullptr && nd == 0;
-    if (!(plain_copy && s.count > 0 && links_->receive_into(recv_from[0], out, bytes))) {
+    if (!(plain_copy && s.count > 0 && received[0] == nullptr && links_->receive_into(recv_from[0], out, bytes))) {
       for (int i = 0; i < nr; ++i) {
         if (local != nullptr && i == s.src_pos) srcs[ns++] = local, local = nullptr;
-        srcs[ns++] = links_->fetch(recv_from[i]);
+        srcs[ns++] = received[i] != nullptr ? received[i] : links_->fetch(recv_from[i]);
       }
       if (local != nullptr) srcs[ns++] = local;
       if (out != nullptr) dsts[nd++] = out;

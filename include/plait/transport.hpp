@@ -160,9 +160,10 @@ class link_set {
   // null for a slot whose bytes are still in the sender's memory (sends_by_reference):
   // fetch() brings them over first. Call it once the step will run (it may copy).
   virtual const std::byte* fetch(int peer) { return peek(peer).payload; }
-  // Copies the head slot's payload (`bytes` of it) into `dst` when the transport does
-  // that better than a copy out of the slot (from the sender's memory straight into
-  // `dst`); false: nothing done, the caller copies from fetch().
+  // For a head slot whose peek() payload is null: copies its payload (`bytes` of it)
+  // into `dst` when the transport does that better than through fetch() (from the
+  // sender's memory straight into `dst`); false: nothing done, the caller copies
+  // from fetch().
   virtual bool receive_into(int peer, std::byte* dst, std::size_t bytes) {
     (void)peer;
     (void)dst;
