@@ -13,6 +13,8 @@
 #include <plait/transport/shm.hpp>
 #include <plait/transport/tcp.hpp>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +27,16 @@
 #include "bounds.hpp"
 
 namespace {
+
+// Where this rank may run, for the settings line (plaitrun binds ranks that fit).
+std::string cpus_of_this_rank() {
+  cpu_set_t s;
+  if (::sched_getaffinity(0, sizeof s, &s) != 0) return "CPUs unknown";
+  if (CPU_COUNT(&s) != 1) return "on " + std::to_string(CPU_COUNT(&s)) + " CPUs";
+  int c = 0;
+  while (!CPU_ISSET(c, &s)) ++c;
+  return "bound to CPU " + std::to_string(c);
+}
 
 using bench::options;
 
@@ -131,7 +143,7 @@ struct bench_run {
     const bool shm = o.transport == "shm";
     bench::report rep(
         o, "plait", "0.1", n,
-        "algorithm " + o.algo + ", slice " + std::to_string(comm.slice_bytes()) + " B; PLAIT_* environment as launched",
+        "algorithm " + o.algo + ", slice " + std::to_string(comm.slice_bytes()) + " B; rank 0 " + cpus_of_this_rank() + "; PLAIT_* environment as launched",
         comm.rank() == 0, shm ? "copy" : "loopback");
     rep.header();
     bench::bounds bound;

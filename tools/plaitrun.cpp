@@ -1,6 +1,6 @@
 // plaitrun: launch N local ranks of a plait program (DESIGN.md section 5).
 //
-//   plaitrun -n N [--grace S] [--] prog args...
+//   plaitrun -n N [--grace S] [--bind core|none] [--] prog args...
 //
 // Serves the bootstrap store on 127.0.0.1 (ephemeral port) with a fresh token per
 // job, starts N ranks with PLAIT_RANK, PLAIT_WORLD_SIZE, PLAIT_LOCAL_RANK, PLAIT_STORE,
@@ -9,7 +9,11 @@
 // group so that stopping it stops what it started. SIGINT and SIGTERM are forwarded.
 // When a rank fails, the others get PLAIT_GRACE seconds (default 5; --grace wins) to
 // report their own errors, then SIGTERM, then SIGKILL one second later.
+// Where the ranks fit in the CPUs plaitrun may use, each is bound to one of them
+// (--bind core, the default), as MPI launchers do: left to the scheduler, two busy
+// ranks sometimes share a core for a whole run (docs/performance.md, "Binding").
 #include <fcntl.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -36,7 +40,7 @@ namespace {
 using clk = plait::clock;
 
 constexpr const char* usage_text =
-    "usage: plaitrun -n N [--grace SECONDS] [--] PROGRAM [ARGS...]\n"
+    "usage: plaitrun -n N [--grace SECONDS] [--bind core|none] [--] PROGRAM [ARGS...]\n"
     "\n"
     "Runs N ranks of PROGRAM on this host as one plait job.\n"
     "\n"
@@ -44,6 +48,9 @@ constexpr const char* usage_text =
     "  --grace SECONDS  after a rank fails, how long the others may run to report their\n"
     "                   own errors before they are stopped (SIGTERM, then SIGKILL one\n"
     "                   second later); decimals allowed; default PLAIT_GRACE or 5\n"
+    "  --bind MODE      core: where N is at most the number of CPUs plaitrun may run on,\n"
+    "                   rank r runs on the r-th of them only (with more ranks, on all);\n"
+    "                   none: every rank on all of them; default PLAIT_BIND or core\n"
     "  -h, --help       this text\n"
     "\n"
     "plaitrun serves the bootstrap store on 127.0.0.1 with a fresh token for the job and\n"
@@ -141,6 +148,7 @@ int main(int argc, char** argv) {
   // ---- arguments
   int n = 0;
   std::optional<std::chrono::nanoseconds> grace;
+  std::optional<std::string> bind;
   int i = 1;
   try {
     for (; i < argc; ++i) {
@@ -153,11 +161,15 @@ int main(int argc, char** argv) {
         ++i;
         break;
       }
-      if (a == "-n" || a == "--grace") {
+      if (a == "-n" || a == "--grace" || a == "--bind") {
         if (i + 1 >= argc) usage_error(a + " needs a value");
         std::string v = argv[++i];
         if (a == "--grace") {
           grace = plait::detail::parse_seconds("--grace", v);
+          continue;
+        }
+        if (a == "--bind") {
+          bind = v;
           continue;
         }
         bool digits =
@@ -170,6 +182,10 @@ int main(int argc, char** argv) {
       break;
     }
     if (!grace) grace = plait::detail::env_seconds("PLAIT_GRACE");
+    if (!bind)
+      if (const char* e = std::getenv("PLAIT_BIND"); e != nullptr && *e != '\0') bind = e;
+    if (bind && *bind != "core" && *bind != "none")
+      usage_error("--bind (or PLAIT_BIND) must be core or none, got '" + *bind + "'");
   } catch (const plait::error& e) {
     usage_error(e.message());
   }
@@ -208,6 +224,14 @@ int main(int argc, char** argv) {
   }
   const std::string store = "127.0.0.1:" + std::to_string(server->port());
 
+  // ---- one CPU per rank, where they fit (the CPUs this process may use, in order)
+  std::vector<int> cpu_of;
+  if (cpu_set_t allowed; bind.value_or("core") == "core" && ::sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
+                         CPU_COUNT(&allowed) >= n) {
+    for (int c = 0; c < CPU_SETSIZE && static_cast<int>(cpu_of.size()) < n; ++c)
+      if (CPU_ISSET(c, &allowed)) cpu_of.push_back(c);
+  }
+
   // ---- environment and argv for the ranks, built before forking
   std::vector<char*> args;
   args.push_back(path->data());
@@ -238,6 +262,10 @@ int main(int argc, char** argv) {
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
 
+    cpu_set_t one_cpu;
+    CPU_ZERO(&one_cpu);
+    if (!cpu_of.empty()) CPU_SET(cpu_of[static_cast<std::size_t>(r)], &one_cpu);
+
     int out_pipe[2], err_pipe[2];
     if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
       std::perror("plaitrun: pipe");
@@ -256,6 +284,10 @@ int main(int argc, char** argv) {
       ::dup2(err_pipe[1], 2);
       ::signal(SIGPIPE, SIG_DFL);
       ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+      if (!cpu_of.empty() && ::sched_setaffinity(0, sizeof one_cpu, &one_cpu) != 0) {
+        const char msg[] = "plaitrun: cannot bind this rank to its CPU; it runs unbound\n";
+        [[maybe_unused]] auto w = ::write(2, msg, sizeof msg - 1);
+      }
       ::execve(args[0], args.data(), envp.data());
       const char msg[] = "plaitrun: cannot execute the program: ";
       [[maybe_unused]] auto w1 = ::write(2, msg, sizeof msg - 1);

@@ -9,10 +9,13 @@
 //             bound for a rank's busbw over tcp.
 // Both are GB/s (1e9 bytes/s), the median of a few repetitions after one warm-up.
 // Buffers are kept between calls (allocated and touched once for the largest size).
+// The threads run on every CPU the machine lets them, not only on the measuring
+// rank's own (a launcher may have bound it to one core: plaitrun --bind core).
 // Not thread-safe; called by one rank while the others wait.
 #pragma once
 
 #include <arpa/inet.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -73,6 +76,14 @@ class bounds {
       if (b.size() < bytes) b.assign(bytes, 1);  // touched now, not while timing
   }
 
+  // Lets the calling thread run on any CPU (the kernel keeps it within its cpuset).
+  static void unbind() noexcept {
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int c = 0; c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+    ::sched_setaffinity(0, sizeof all, &all);
+  }
+
   // Runs work(i) on `workers` threads at once, a few times after one warm-up;
   // returns `bytes` over the median time of a rep (all workers done): GB/s per worker.
   template <class F>
@@ -84,6 +95,7 @@ class bounds {
       std::vector<std::thread> pool;
       for (int w = 0; w < workers; ++w)
         pool.emplace_back([&, w] {
+          unbind();
           start.arrive_and_wait();
           work(w);
         });

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -222,6 +223,43 @@ TEST_CASE("plaitrun forwards SIGTERM to every rank", "[plaitrun]") {
   CHECK_THAT(p.err(), Catch::Contains("failed first (exit status 7)"));
 }
 
+TEST_CASE("plaitrun binds each rank to a CPU of its own where they fit, and not otherwise", "[plaitrun]") {
+  cpu_set_t allowed;
+  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  // What the kernel says each rank may run on (the list of this test's own, when unbound).
+  const char* script = "echo $PLAIT_RANK $(grep Cpus_allowed_list: /proc/self/status | cut -f2)";
+  process self({"/bin/sh", "-c", "echo $(grep Cpus_allowed_list: /proc/self/status | cut -f2)"});
+  REQUIRE(exit_code(self.finish(clock_type::now() + 10s)) == 0);
+  const std::string all = self.out().substr(0, self.out().find('\n'));
+  const int fit = static_cast<int>(cpus.size());
+
+  process bound({exe("PLAITRUN"), "-n", std::to_string(fit), "/bin/sh", "-c", script});
+  REQUIRE(exit_code(bound.finish(clock_type::now() + 20s)) == 0);
+  std::multiset<std::string> want;
+  for (int r = 0; r < fit; ++r) want.insert("[" + std::to_string(r) + "] " + std::to_string(r) + " " +
+                                            std::to_string(cpus[static_cast<std::size_t>(r)]));
+  CHECK(lines(bound.out()) == want);
+
+  process more({exe("PLAITRUN"), "-n", std::to_string(fit + 1), "/bin/sh", "-c", script});
+  REQUIRE(exit_code(more.finish(clock_type::now() + 20s)) == 0);
+  want.clear();
+  for (int r = 0; r <= fit; ++r) want.insert("[" + std::to_string(r) + "] " + std::to_string(r) + " " + all);
+  CHECK(lines(more.out()) == want);
+
+  for (const auto& [args, env] : std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
+           {{"--bind", "none"}, {}}, {{}, {"PLAIT_BIND=none"}}}) {
+    std::vector<std::string> argv = {exe("PLAITRUN"), "-n", "1"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"/bin/sh", "-c", script});
+    process none(argv, env);
+    REQUIRE(exit_code(none.finish(clock_type::now() + 20s)) == 0);
+    CHECK(lines(none.out()) == std::multiset<std::string>{"[0] 0 " + all});
+  }
+}
+
 TEST_CASE("plaitrun usage errors exit 2 with a message; --help documents it", "[plaitrun]") {
   const std::vector<std::vector<std::string>> bad = {{},
                                                      {"-n"},
@@ -229,7 +267,9 @@ TEST_CASE("plaitrun usage errors exit 2 with a message; --help documents it", "[
                                                      {"-n", "x", "/bin/true"},
                                                      {"-n", "2"},
                                                      {"--bogus", "-n", "2", "/bin/true"},
-                                                     {"-n", "2", "--grace", "soon", "/bin/true"}};
+                                                     {"-n", "2", "--grace", "soon", "/bin/true"},
+                                                     {"-n", "2", "--bind", "socket", "/bin/true"},
+                                                     {"-n", "2", "--bind"}};
   for (const auto& args : bad) {
     std::vector<std::string> argv = {exe("PLAITRUN")};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -242,7 +282,8 @@ TEST_CASE("plaitrun usage errors exit 2 with a message; --help documents it", "[
   process help({exe("PLAITRUN"), "--help"});
   CHECK(exit_code(help.finish(clock_type::now() + 10s)) == 0);
   CHECK_THAT(help.out(), Catch::Contains("usage: plaitrun -n N") && Catch::Contains("--grace") &&
-                             Catch::Contains("PLAIT_GRACE") && Catch::Contains("SIGTERM"));
+                             Catch::Contains("PLAIT_GRACE") && Catch::Contains("SIGTERM") &&
+                             Catch::Contains("--bind") && Catch::Contains("PLAIT_BIND"));
 
   process missing({exe("PLAITRUN"), "-n", "1", "no-such-program-xyz"});
   CHECK(exit_code(missing.finish(clock_type::now() + 10s)) == 127);

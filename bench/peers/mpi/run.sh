@@ -23,6 +23,8 @@
 #   treated as on another node: no intra-node shortcuts) and UCX_TLS=tcp,self.
 #   UCX_NET_DEVICES=lo keeps UCX off other interfaces. MPICH ch4 busy-polls and has
 #   no run-time yield option (MPIR_CVAR_POLLS_BEFORE_YIELD is ch3:nemesis only).
+#   With no more ranks than cores, -bind-to core: Open MPI binds so by default, and so
+#   does plaitrun; hydra binds nothing unless told.
 set -euo pipefail
 
 usage() {
@@ -73,6 +75,7 @@ case $impl in
     stated=("$launcher --oversubscribe ${mca[*]}")
     if [[ $transport == shm ]]; then stated+=("ob1 + vader is Debian's default; vader single copy via cma"); fi
     if ((!oversubscribed)); then stated+=("mpi_yield_when_idle left at 0: no more ranks than cores"); fi
+    stated+=("its default binding: to a core each up to 2 ranks, else to the socket")
     ;;
   mpich)
     launcher=mpiexec.mpich
@@ -92,7 +95,11 @@ case $impl in
     fi
     # hydra forwards the whole environment to the ranks by default.
     launch=("$launcher" -launcher fork -iface lo -n "$nranks")
+    # Bound like Open MPI and plaitrun: one core per rank where they fit (hydra binds
+    # nothing by default).
+    if ((!oversubscribed)); then launch+=(-bind-to core); fi
     stated=("$launcher ($device) -launcher fork -iface lo ${env_set[*]}")
+    if ((!oversubscribed)); then stated+=("-bind-to core: one core per rank, as Open MPI's and plaitrun's defaults do"); fi
     if [[ $transport == shm ]]; then stated+=("the defaults: UCX shared memory (sysv/posix, cma single copy)"); fi
     stated+=("busy-polls: ch4 has no run-time yield option")
     ;;
