@@ -141,10 +141,10 @@ struct bench_run {
     in.assign(max_count, T{});  // touched here, not in the timed loop
     out.assign(max_count, T{});
     const bool shm = o.transport == "shm";
-    bench::report rep(
-        o, "plait", "0.1", n,
-        "algorithm " + o.algo + ", slice " + std::to_string(comm.slice_bytes()) + " B; rank 0 " + cpus_of_this_rank() + "; PLAIT_* environment as launched",
-        comm.rank() == 0, shm ? "copy" : "loopback");
+    bench::report rep(o, "plait", "0.1", n,
+                      "algorithm " + o.algo + ", slice " + std::to_string(comm.slice_bytes()) + " B; rank 0 " +
+                          cpus_of_this_rank() + "; PLAIT_* environment as launched",
+                      comm.rank() == 0, shm ? "copy" : "loopback");
     rep.header();
     bench::bounds bound;
     const auto sweep = bench::sizes(o);

@@ -239,8 +239,9 @@ TEST_CASE("plaitrun binds each rank to a CPU of its own where they fit, and not 
   process bound({exe("PLAITRUN"), "-n", std::to_string(fit), "/bin/sh", "-c", script});
   REQUIRE(exit_code(bound.finish(clock_type::now() + 20s)) == 0);
   std::multiset<std::string> want;
-  for (int r = 0; r < fit; ++r) want.insert("[" + std::to_string(r) + "] " + std::to_string(r) + " " +
-                                            std::to_string(cpus[static_cast<std::size_t>(r)]));
+  for (int r = 0; r < fit; ++r)
+    want.insert("[" + std::to_string(r) + "] " + std::to_string(r) + " " +
+                std::to_string(cpus[static_cast<std::size_t>(r)]));
   CHECK(lines(bound.out()) == want);
 
   process more({exe("PLAITRUN"), "-n", std::to_string(fit + 1), "/bin/sh", "-c", script});
