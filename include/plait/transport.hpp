@@ -133,7 +133,10 @@ class link_set {
     return false;
   }
   virtual std::uint64_t post_from(int peer, const detail::slot_header& header, const std::byte* payload) {
-    if (header.bytes > 0) std::memcpy(acquire(peer), payload, header.bytes);  // no such path: copy
+    // No such path: copy into the slot (what does not fit, or no free slot, is for
+    // post() to reject).
+    std::byte* slot = acquire(peer);
+    if (slot != nullptr && header.bytes > 0 && header.bytes <= slot_bytes()) std::memcpy(slot, payload, header.bytes);
     post(peer, header);
     return 0;
   }

@@ -152,13 +152,8 @@ class shm_link_set final : public link_set {
 
   std::uint64_t post_from(int peer, const plait::detail::slot_header& header, const std::byte* payload) override {
     link& l = link_for(peer, "post_from");
-    if (header.bytes < min_reference_bytes || !lends(l) || huge_.share(payload, header.bytes) < 0.5) {
-      std::byte* slot = acquire(peer);
-      if (slot != nullptr && header.bytes > 0 && header.bytes <= geometry_.slot_bytes)
-        std::memcpy(slot, payload, header.bytes);
-      post(peer, header);  // checks the size and the slot
-      return 0;
-    }
+    if (header.bytes < min_reference_bytes || !lends(l) || huge_.share(payload, header.bytes) < 0.5)
+      return link_set::post_from(peer, header, payload);  // through the slot
     if (header.bytes > geometry_.slot_bytes || acquire(peer) == nullptr)
       throw error(errc::invalid_argument,
                   "shm: post_from() of " + std::to_string(header.bytes) +
@@ -228,15 +223,14 @@ class shm_link_set final : public link_set {
     const slot_view v = peek(peer);
     if (v.header == nullptr)
       throw error(errc::invalid_argument, "shm: fetch() with no received slot (peek() first)", rank_, peer);
-    if (v.payload != nullptr) return v.payload;
-    return copy_lent(l, l.staging.get()) ? l.staging.get() : in_slot(l) + sizeof(plait::detail::slot_header);
+    return v.payload != nullptr ? v.payload : lent_payload(l, l.staging.get());
   }
 
   bool receive_into(int peer, std::byte* dst, std::size_t bytes) override {
     link& l = link_for(peer, "receive_into");
     const slot_view v = peek(peer);
     if (v.header == nullptr || v.payload != nullptr || bytes != v.header->bytes) return false;
-    if (!copy_lent(l, dst)) std::memcpy(dst, in_slot(l) + sizeof(plait::detail::slot_header), bytes);
+    if (const std::byte* p = lent_payload(l, dst); p != dst) std::memcpy(dst, p, bytes);
     return true;
   }
 
@@ -329,8 +323,9 @@ class shm_link_set final : public link_set {
     std::optional<error> failure;  // sticky: protocol error or peer lost
     // single copy
     pid_t pid = 0;
-    std::unique_ptr<std::byte[]> staging;  // set when this rank can read the peer's memory
-    std::vector<lent_slot> lent;           // slots posted by reference, oldest first
+    std::unique_ptr<std::byte[]> staging;              // set when this rank can read the peer's memory
+    std::vector<lent_slot> lent;                       // slots posted by reference, oldest first
+    std::chrono::steady_clock::time_point alive_at{};  // the peer was last seen alive after this
   };
 
   const link& link_for(int peer, const char* call) const {
@@ -385,6 +380,12 @@ class shm_link_set final : public link_set {
   // Copies the head slot's lent payload from the peer's memory to `dst`. Returns
   // false when the slot itself holds the bytes (the peer failed and copied them
   // there): the caller copies from the slot. Throws when the bytes are lost.
+  // The head slot's payload, lent by its sender: copied into `dst`, which is
+  // returned, or the slot's own payload where the sender withdrew it (detach()).
+  const std::byte* lent_payload(link& l, std::byte* dst) {
+    return copy_lent(l, dst) ? dst : in_slot(l) + sizeof(plait::detail::slot_header);
+  }
+
   bool copy_lent(link& l, std::byte* dst) {
     const plait::detail::slot_header& h = l.in_header;
     const int err = read_from(l.pid, dst, static_cast<std::uintptr_t>(h.reserved), h.bytes);
@@ -393,8 +394,7 @@ class shm_link_set final : public link_set {
     if ((std::atomic_ref<std::uint16_t>(shared->flags).load(std::memory_order_seq_cst) &
          plait::detail::slot_by_reference) == 0)
       return false;
-    const auto i = static_cast<std::size_t>(index_of_[static_cast<std::size_t>(l.peer)]);
-    if (err == ESRCH || (err == 0 && watch_.exited(i)))
+    if (err == ESRCH || (err == 0 && !lender_alive(l)))
       fail(l, error(errc::peer_lost,
                     "shm: rank " + std::to_string(l.peer) + " (pid " + std::to_string(l.pid) +
                         ") exited while this rank copied its data from its memory; look at that rank's output "
@@ -408,6 +408,21 @@ class shm_link_set final : public link_set {
                     rank_, l.peer));
     return true;
   }
+
+  // Whether a read from the lender's memory that has just ended read the lender's
+  // own, not a process that took its PID after it died (its flag stays set then).
+  // It was, if the lender was seen alive after the read began; the look (a pidfd
+  // poll) is made at most once per alive_window, not per slice: a PID comes back only
+  // once the dead process is reaped and the kernel has handed out the other PIDs in
+  // turn (pid_max of them, at least 301), which takes far longer than the window.
+  bool lender_alive(link& l) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - l.alive_at < alive_window) return true;
+    if (watch_.exited(static_cast<std::size_t>(index_of_[static_cast<std::size_t>(l.peer)]))) return false;
+    l.alive_at = now;
+    return true;
+  }
+  static constexpr std::chrono::microseconds alive_window{500};
 
   [[noreturn]] void fail(link& l, error e) {
     l.failure = std::move(e);
