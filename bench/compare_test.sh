@@ -95,11 +95,12 @@ ls "$out"/raw/1_tcp_*_mpich.log >/dev/null || fail "no log of the failed runs"
 head -c 8 "$out/compare.png" | grep -q PNG || fail "no compare.png"
 grep -q 'FAILED, exit 1' "$tmp/quick.err" || fail "no failure on stderr"
 
-# 2. Filter, a missing binary, uneven sizes (4K..12K by 3, then 40K alone), two rounds rotating.
+# 2. Filter, a missing binary, uneven sizes (4K..12K by 3, then 40K alone, then 2M: the
+#    latency-bound sizes below 1M with 10x the calls), two rounds rotating.
 rm "$tmp/build/bench/peers/gloo/peer-gloo-bench"
 out=$tmp/small
 "$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" --out "$out" --libraries plait,openmpi,gloo \
-  --transports shm --ranks 2 --collectives all_reduce --sizes 4K,12K,40K --rounds 2 --warmup 0 2>"$tmp/small.err" ||
+  --transports shm --ranks 2 --collectives all_reduce --sizes 4K,12K,40K,2M --rounds 2 --warmup 0 2>"$tmp/small.err" ||
   { cat "$tmp/small.err" >&2; fail "filtered compare exited $?"; }
 md=$out/compare.md
 grep -q 'gloo-ring: skipped, .*peer-gloo-bench does not exist' "$tmp/small.err" || fail "missing gloo not on stderr"
@@ -107,6 +108,10 @@ grep -q 'gloo-ring: skipped, .*peer-gloo-bench does not exist' "$md" || fail "mi
 grep -q 'mpich GB/s' "$md" && fail "mpich ran although --libraries left it out"
 grep -q '^| 12K |' "$md" || fail "no 12K row"
 [ -s "$out/raw/2_shm_2_all_reduce_openmpi+hugetlb_4K.json" ] && [ -s "$out/raw/2_shm_2_all_reduce_openmpi+hugetlb_40K.json" ] || fail "no raw JSON per sweep (4K..12K by 3, then 40K)"
+iters() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["iters"])' "$out/raw/$1.json"; }
+[ "$(iters 1_shm_2_all_reduce_plait_4K)" = 200 ] && [ "$(iters 1_shm_2_all_reduce_plait_40K)" = 200 ] &&
+  [ "$(iters 1_shm_2_all_reduce_plait_2M)" = 20 ] || fail "sizes below 1M do not run 10x the calls (-n 200, 20 from 1M)"
+grep -q -- '-w 0 -n 20 (sizes below 1M: -w 0 -n 200)' "$md" || fail "the calls per size are not stated"
 [ "$(grep -m1 'round 1/2 .*\.\.\.$' "$tmp/small.err" | grep -o '[a-z+]*\ \.\.\.$')" = "plait ..." ] ||
   fail "round 1 does not start with plait"
 [ "$(grep -m1 'round 2/2 .*\.\.\.$' "$tmp/small.err" | grep -o '[a-z+]*\ \.\.\.$')" = "openmpi ..." ] ||
