@@ -10,6 +10,11 @@
 //     same 40 copies of 256 KiB (the cache and memory path): on a quiet host both
 //     repeat within a few percent; a spread in the copies alone points at memory
 //     shared with other tenants rather than at lost CPU time.
+//  3. handoff (with 2 CPUs or more): a thread on CPU 0 fills a buffer, one on CPU 1
+//     copies it out and answers, in lock-step, through a ring of 4 buffers (how a
+//     slot crosses between ranks); and CPU 1 copying a buffer nobody writes (what a
+//     benchmark's single copy of an unchanged buffer costs). Microseconds per call;
+//     the ratio is what the crossing costs over a copy from the reader's own cache.
 // Run it on an otherwise idle machine; benchmark ratios are only comparable within
 // one run on a machine whose copy times spread.
 #include <pthread.h>
@@ -19,6 +24,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -79,6 +86,41 @@ spread summarize(std::vector<double> v) {
   return {v.front(), at(0.5), at(0.9), v.back()};
 }
 
+// Microseconds per call of: the writer (on `from`) fills one of 4 buffers of `bytes`
+// unless `stable`, then the reader (on `to`) copies it into its own; in lock-step.
+double handoff_us(std::size_t bytes, bool stable, int from, int to) {
+  constexpr int ring = 4, calls = 4000;
+  std::vector<std::vector<char>> slots(ring, std::vector<char>(bytes, 1));
+  std::vector<char> src(bytes, 2), dst(bytes);
+  alignas(64) std::atomic<int> posted{0};
+  alignas(64) std::atomic<int> taken{0};
+  const auto pin = [](int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  };
+  std::thread reader([&] {
+    pin(to);
+    for (int i = 1; i <= calls; ++i) {
+      while (posted.load(std::memory_order_acquire) != i) __builtin_ia32_pause();
+      std::memcpy(dst.data(), slots[static_cast<std::size_t>(i % ring)].data(), bytes);
+      taken.store(i, std::memory_order_release);
+    }
+  });
+  pin(from);
+  std::uint64_t t0 = 0;
+  for (int i = 1; i <= calls; ++i) {
+    if (i == calls / 4 + 1) t0 = now_ns();  // the first quarter warms up
+    if (!stable) std::memcpy(slots[static_cast<std::size_t>(i % ring)].data(), src.data(), bytes);
+    posted.store(i, std::memory_order_release);
+    while (taken.load(std::memory_order_acquire) != i) __builtin_ia32_pause();
+  }
+  const double us = static_cast<double>(now_ns() - t0) / 1e3 / (calls - calls / 4);
+  reader.join();
+  return us;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,5 +172,22 @@ int main(int argc, char** argv) {
     const spread s = summarize(*v);
     std::printf("%-22s %9.0f %9.0f %9.0f %9.0f %9.2f\n", name, s.min, s.median, s.p90, s.max, s.p90 / s.min);
   }
+
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpus >= 2) {
+    std::printf("\n# 3. handoff from CPU 0 to CPU 1, lock-step (us per call; median of 5)\n");
+    std::printf("%-10s %18s %18s %8s\n", "bytes", "written, read", "read only", "ratio");
+    for (std::size_t bytes : {std::size_t{16} << 10, std::size_t{64} << 10, std::size_t{256} << 10,
+                              std::size_t{1} << 20}) {
+      std::vector<double> moved, read;
+      for (int r = 0; r < 5; ++r) {
+        moved.push_back(handoff_us(bytes, false, 0, 1));
+        read.push_back(handoff_us(bytes, true, 0, 1));
+      }
+      const double m = summarize(moved).median, o = summarize(read).median;
+      std::printf("%-10zu %18.2f %18.2f %8.2f\n", bytes, m, o, m / o);
+    }
+  }
+#endif
   return 0;
 }

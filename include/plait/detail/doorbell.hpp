@@ -86,11 +86,14 @@ class doorbell {
   // (link_set::progress): io.progress() is called at every look and ends the wait
   // when it returns true (news); io.release() is called before sleeping, so that the
   // transport's own thread moves the bytes while this one sleeps.
+  // `start`, if given, is when the wait began (a clock read the caller just made):
+  // the poll and the bound count from it.
   template <class Io>
-  void wait(std::uint32_t seen, std::chrono::nanoseconds bound, Io&& io) noexcept {
+  void wait(std::uint32_t seen, std::chrono::nanoseconds bound, Io&& io,
+            std::chrono::steady_clock::time_point start = {}) noexcept {
     const auto poll = std::min(spin_, bound);
     if (poll.count() > 0) {
-      const auto start = std::chrono::steady_clock::now();
+      if (start == std::chrono::steady_clock::time_point{}) start = std::chrono::steady_clock::now();
       for (unsigned i = 1;; ++i) {
         if (word_->count.load(std::memory_order_acquire) != seen) return;
         if (i % 16 != 0) {
