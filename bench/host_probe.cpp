@@ -177,8 +177,8 @@ int main(int argc, char** argv) {
   if (cpus >= 2) {
     std::printf("\n# 3. handoff from CPU 0 to CPU 1, lock-step (us per call; median of 5)\n");
     std::printf("%-10s %18s %18s %8s\n", "bytes", "written, read", "read only", "ratio");
-    for (std::size_t bytes : {std::size_t{16} << 10, std::size_t{64} << 10, std::size_t{256} << 10,
-                              std::size_t{1} << 20}) {
+    for (std::size_t bytes :
+         {std::size_t{16} << 10, std::size_t{64} << 10, std::size_t{256} << 10, std::size_t{1} << 20}) {
       std::vector<double> moved, read;
       for (int r = 0; r < 5; ++r) {
         moved.push_back(handoff_us(bytes, false, 0, 1));

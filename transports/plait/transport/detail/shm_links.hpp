@@ -377,15 +377,15 @@ class shm_link_set final : public link_set {
     plait::detail::doorbell::ring(&l.peer_hdr->bell);
   }
 
-  // Copies the head slot's lent payload from the peer's memory to `dst`. Returns
-  // false when the slot itself holds the bytes (the peer failed and copied them
-  // there): the caller copies from the slot. Throws when the bytes are lost.
   // The head slot's payload, lent by its sender: copied into `dst`, which is
   // returned, or the slot's own payload where the sender withdrew it (detach()).
   const std::byte* lent_payload(link& l, std::byte* dst) {
     return copy_lent(l, dst) ? dst : in_slot(l) + sizeof(plait::detail::slot_header);
   }
 
+  // Copies the head slot's lent payload from the peer's memory to `dst`. Returns
+  // false when the slot itself holds the bytes (the peer failed and copied them
+  // there): the caller copies from the slot. Throws when the bytes are lost.
   bool copy_lent(link& l, std::byte* dst) {
     const plait::detail::slot_header& h = l.in_header;
     const int err = read_from(l.pid, dst, static_cast<std::uintptr_t>(h.reserved), h.bytes);
@@ -411,10 +411,11 @@ class shm_link_set final : public link_set {
 
   // Whether a read from the lender's memory that has just ended read the lender's
   // own, not a process that took its PID after it died (its flag stays set then).
-  // It was, if the lender was seen alive after the read began; the look (a pidfd
-  // poll) is made at most once per alive_window, not per slice: a PID comes back only
-  // once the dead process is reaped and the kernel has handed out the other PIDs in
-  // turn (pid_max of them, at least 301), which takes far longer than the window.
+  // It did if the lender was seen alive less than alive_window before the read
+  // ended: a PID comes back only once the dead process is reaped and the kernel has
+  // handed out the other PIDs in turn (pid_max of them, at least 301), which takes
+  // far longer than the window. So the look (a pidfd poll) is made at most once per
+  // alive_window, not after every slice.
   bool lender_alive(link& l) {
     const auto now = std::chrono::steady_clock::now();
     if (now - l.alive_at < alive_window) return true;
