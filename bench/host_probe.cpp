@@ -47,12 +47,17 @@ struct gap_stats {
   bool pinned = false;
 };
 
-gap_stats spin_for(int cpu, double seconds) {
-  gap_stats s;
+// Runs the calling thread on `cpu` only; false if the system refused.
+bool pin_to(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  s.pinned = pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+
+gap_stats spin_for(int cpu, double seconds) {
+  gap_stats s;
+  s.pinned = pin_to(cpu);
   rusage before{};
   getrusage(RUSAGE_THREAD, &before);
   const std::uint64_t start = now_ns(), end = start + static_cast<std::uint64_t>(seconds * 1e9);
@@ -94,21 +99,15 @@ double handoff_us(std::size_t bytes, bool stable, int from, int to) {
   std::vector<char> src(bytes, 2), dst(bytes);
   alignas(64) std::atomic<int> posted{0};
   alignas(64) std::atomic<int> taken{0};
-  const auto pin = [](int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-  };
   std::thread reader([&] {
-    pin(to);
+    pin_to(to);
     for (int i = 1; i <= calls; ++i) {
       while (posted.load(std::memory_order_acquire) != i) __builtin_ia32_pause();
       std::memcpy(dst.data(), slots[static_cast<std::size_t>(i % ring)].data(), bytes);
       taken.store(i, std::memory_order_release);
     }
   });
-  pin(from);
+  pin_to(from);
   std::uint64_t t0 = 0;
   for (int i = 1; i <= calls; ++i) {
     if (i == calls / 4 + 1) t0 = now_ns();  // the first quarter warms up
