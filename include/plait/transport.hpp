@@ -35,6 +35,7 @@
 
 #include <plait/detail/doorbell.hpp>
 #include <plait/error.hpp>
+#include <plait/kernel/copy.hpp>
 #include <plait/wire.hpp>
 
 namespace plait {
@@ -136,7 +137,8 @@ class link_set {
     // No such path: copy into the slot (what does not fit, or no free slot, is for
     // post() to reject).
     std::byte* slot = acquire(peer);
-    if (slot != nullptr && header.bytes > 0 && header.bytes <= slot_bytes()) std::memcpy(slot, payload, header.bytes);
+    if (slot != nullptr && header.bytes > 0 && header.bytes <= slot_bytes())
+      kernel::copy_bytes(slot, payload, header.bytes);
     post(peer, header);
     return 0;
   }

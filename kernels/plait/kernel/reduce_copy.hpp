@@ -4,8 +4,9 @@
 //   v = op.finalize(v, finalize_n)                           if finalize_n != 0 and Op has one
 //   dst[j][i] = v                                            for every destination j
 // with 1..3 sources and 0..3 destinations. One source and no finalize is a copy: bytes are
-// copied with memcpy (bit-exact, NaN payloads included), skipping a destination that is
-// the source: that is how all-gather and broadcast share this path with the reductions.
+// copied with copy_bytes (copy.hpp; bit-exact, NaN payloads included), skipping a
+// destination that is the source: that is how all-gather and broadcast share this path
+// with the reductions.
 //
 // Aliasing: a destination may be the very same array as a source (in-place all-reduce
 // reads out[i] and writes out[i]) or as another destination; any other overlap between
@@ -33,6 +34,7 @@
 #include <utility>
 
 #include <plait/detail/config.hpp>
+#include <plait/kernel/copy.hpp>
 #include <plait/ops.hpp>
 #include <plait/types.hpp>
 
@@ -150,7 +152,7 @@ void reduce_copy(const Op& op, std::span<const T* const> srcs, std::span<T* cons
   const bool finalize = can_finalize && finalize_n != 0;
   if (srcs.size() == 1 && !finalize) {
     for (T* dst : dsts)
-      if (dst != srcs[0]) std::memcpy(dst, srcs[0], count * sizeof(T));
+      if (dst != srcs[0]) copy_bytes(dst, srcs[0], count * sizeof(T));
     return;
   }
   if constexpr (can_finalize) {

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include <plait/kernel/copy.hpp>
 #include <plait/transport.hpp>
 #include <plait/transport/detail/shm_liveness.hpp>
 #include <plait/transport/detail/shm_segment.hpp>
@@ -230,7 +231,7 @@ class shm_link_set final : public link_set {
     link& l = link_for(peer, "receive_into");
     const slot_view v = peek(peer);
     if (v.header == nullptr || v.payload != nullptr || bytes != v.header->bytes) return false;
-    if (const std::byte* p = lent_payload(l, dst); p != dst) std::memcpy(dst, p, bytes);
+    if (const std::byte* p = lent_payload(l, dst); p != dst) plait::kernel::copy_bytes(dst, p, bytes);
     return true;
   }
 
