@@ -142,7 +142,8 @@ struct bench_run {
     out.assign(max_count, T{});
     const bool shm = o.transport == "shm";
     bench::report rep(o, "plait", "0.1", n,
-                      "algorithm " + o.algo + ", slice " + std::to_string(comm.slice_bytes()) + " B; rank 0 " +
+                      "algorithm " + o.algo + ", slice " + std::to_string(comm.slice_bytes()) +
+                          " B (broadcast, send/recv " + std::to_string(comm.copy_slice_bytes()) + " B); rank 0 " +
                           cpus_of_this_rank() + "; PLAIT_* environment as launched",
                       comm.rank() == 0, shm ? "copy" : "loopback");
     rep.header();

@@ -88,7 +88,7 @@ struct call_builder {
     c->desc.algorithm = algo;
     c->desc.root = root;
     c->desc.count = count;
-    c->desc.slice_bytes = static_cast<std::uint32_t>(core.config().slice_bytes);
+    c->desc.slice_bytes = static_cast<std::uint32_t>(core.config().slice_for(kind));
     c->elem_size = sizeof(T);
     c->kernel = &kernel_entry<T, Op>;
     std::memcpy(c->op, &op, sizeof(Op));
@@ -113,11 +113,12 @@ struct call_builder {
     p.size = core.size();
     p.root = root;
     p.count = count;
-    p.slice_elems = std::max<std::size_t>(1, core.config().slice_bytes / sizeof(T));
+    p.slice_elems = slice_elems();
     return p;
   }
 
-  std::size_t slice_elems() const { return std::max<std::size_t>(1, core.config().slice_bytes / sizeof(T)); }
+  // This call's slice (comm_config::slice_for its kind), in elements.
+  std::size_t slice_elems() const { return std::max<std::size_t>(1, c->desc.slice_bytes / sizeof(T)); }
 
   // What this call's schedule is made from (see comm_core::schedule_for).
   comm_core::schedule_key key(const schedule_params& p, int peer = -1, bool receiving = false) const {

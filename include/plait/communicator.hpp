@@ -8,6 +8,7 @@
 // may be called from any thread. The destructor closes every link and never throws.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -34,6 +35,12 @@ inline comm_config config_from_env() {
                   "PLAIT_SLICE_BYTES=" + std::to_string(*b) + " is out of range: use 64 bytes to 64M");
     cfg.slice_bytes = *b;
   }
+  if (auto b = env_bytes("PLAIT_COPY_SLICE_BYTES")) {
+    if (*b < 64 || *b > (std::size_t{64} << 20))
+      throw error(errc::invalid_argument,
+                  "PLAIT_COPY_SLICE_BYTES=" + std::to_string(*b) + " is out of range: use 64 bytes to 64M");
+    cfg.copy_slice_bytes = *b;
+  }
   if (auto d = env_bytes("PLAIT_DEPTH")) {
     if (*d < 1 || *d > 64)
       throw error(errc::invalid_argument, "PLAIT_DEPTH=" + std::to_string(*d) + " is out of range: use 1 to 64 slots");
@@ -55,12 +62,13 @@ inline comm_config config_from_env() {
   }
   if (const char* v = std::getenv("PLAIT_SINGLE_COPY")) {
     const std::string_view s(v);
-    if (s == "on")
+    if (s == "on" || s == "always")
       cfg.single_copy = true;
     else if (s == "off")
       cfg.single_copy = false;
     else
-      throw bad_env("PLAIT_SINGLE_COPY", s, "on or off");
+      throw bad_env("PLAIT_SINGLE_COPY", s, "on, off or always");
+    cfg.lend_always = s == "always";
   }
   return cfg;
 }
@@ -93,13 +101,16 @@ class communicator {
     join(*ctx, deadline);
     agree_on_config(*ctx, cfg, deadline);
     cfg.network = Transport::traits.network;
+    if (cfg.copy_slice_bytes == 0)
+      cfg.copy_slice_bytes =
+          cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, detail::comm_config::copy_slice_default);
     auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
     if (size > 1) {
       std::vector<int> peers;
       for (int p = 0; p < size; ++p)
         if (p != rank) peers.push_back(p);
       link_config lc;
-      lc.slot_bytes = cfg.slice_bytes;
+      lc.slot_bytes = cfg.slot_bytes();
       lc.depth = cfg.depth;
       lc.connect_timeout = cfg.timeout;
       lc.single_copy = cfg.single_copy;
@@ -118,8 +129,11 @@ class communicator {
 
   int rank() const noexcept { return core_->rank(); }
   int size() const noexcept { return core_->size(); }
-  // The pipeline slice (slot payload) size and FIFO depth every rank agreed on at start-up.
+  // The pipeline slice size and FIFO depth every rank agreed on at start-up; plain
+  // copies (broadcast, send/recv) go in slices of copy_slice_bytes(), and a slot
+  // holds the larger of the two.
   std::size_t slice_bytes() const noexcept { return core_->config().slice_bytes; }
+  std::size_t copy_slice_bytes() const noexcept { return core_->config().copy_slice_bytes; }
   std::size_t pipeline_depth() const noexcept { return core_->config().depth; }
 
   template <class Rep, class Period>
@@ -169,10 +183,10 @@ class communicator {
     }
   }
 
-  // Rank 0's slice size and depth are everyone's (slots must be the same size).
+  // Rank 0's slice sizes and depth are everyone's (slots must be the same size).
   static void agree_on_config(bootstrap_context& ctx, detail::comm_config& cfg, clock::time_point deadline) {
     if (ctx.size() == 1) return;
-    std::uint64_t v[2] = {cfg.slice_bytes, cfg.depth};
+    std::uint64_t v[3] = {cfg.slice_bytes, cfg.depth, cfg.copy_slice_bytes};
     if (ctx.rank() == 0) {
       ctx.put("config", std::as_bytes(std::span(v)));
     } else {
@@ -181,6 +195,7 @@ class communicator {
       std::memcpy(v, got.data(), sizeof v);
       cfg.slice_bytes = static_cast<std::size_t>(v[0]);
       cfg.depth = static_cast<std::size_t>(v[1]);
+      cfg.copy_slice_bytes = static_cast<std::size_t>(v[2]);
     }
   }
 

@@ -101,16 +101,18 @@ class executor {
   // `last_seen` (2 x size entries, kept by the communicator across calls) records
   // the highest collective and send/recv sequence number seen from each peer.
   // `oversubscribed`: more ranks than cores on this host (likely), so a rank that
-  // waits for a peer often waits for it to be scheduled.
+  // waits for a peer often waits for it to be scheduled. `lend_always`: lend every
+  // plain copy the transport can, not only where lending_pays.
   executor(int rank, int size, link_set* links, doorbell& bell, const std::atomic<bool>& aborted,
-           std::span<std::uint64_t> last_seen, bool oversubscribed = false)
+           std::span<std::uint64_t> last_seen, bool oversubscribed = false, bool lend_always = false)
       : rank_(rank),
         size_(size),
         links_(links),
         bell_(bell),
         aborted_(aborted),
         last_seen_(last_seen),
-        oversubscribed_(oversubscribed) {}
+        oversubscribed_(oversubscribed),
+        lend_always_(lend_always) {}
 
   // Runs steps while they are ready. Returns true when the call is complete.
   // `earlier` are the calls issued before this one and not yet complete: a step
@@ -185,16 +187,17 @@ class executor {
   // A send by reference leaves the bytes where they are and the receiver copies them:
   // it saves a copy only where every receive is a plain copy into the output
   // (broadcast, send/recv, all_gather), and the lender's call ends only once its
-  // reader has copied. Measured (docs/performance.md, "Single copy on shm"): from 8
-  // MiB per call it pays for all three, with or without more ranks than cores;
-  // below it only broadcast and send/recv with a core per rank (all_gather's own
-  // shard copy, fused with the slot copy on the slot path, made it lose at 256K-4M).
+  // reader has copied. Measured (docs/performance.md, "Single copy on shm"): it pays
+  // only from 8 MiB per call, for all_gather, and for broadcast and send/recv only
+  // with more ranks than cores. With a core per rank, a plain copy through slots in
+  // 1 MiB slices keeps both cores copying and beats the reader's single copy (2
+  // ranks, huge pages: 16M 623 against 1013 us, 128M 8233 against 10860).
   bool lending_pays(const call& c) const noexcept {
     const bool gather = c.desc.kind == collective_kind::all_gather;
     if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)
       return false;
     const std::size_t bytes = c.desc.count * c.elem_size * (gather ? static_cast<std::size_t>(size_) : 1);
-    return bytes >= lend_from_call_bytes || (!gather && !oversubscribed_);
+    return lend_always_ || (bytes >= lend_from_call_bytes && (gather || oversubscribed_));
   }
 
   static bool blocked_by(const step& s, std::span<call* const> earlier) {
@@ -423,6 +426,7 @@ class executor {
   const std::atomic<bool>& aborted_;
   std::span<std::uint64_t> last_seen_;
   bool oversubscribed_;
+  bool lend_always_;
 };
 
 }  // namespace plait::detail

@@ -63,8 +63,11 @@ inline const std::vector<std::string>& bootstrap_variables() {
                                                  "PLAIT_IFNAME",
                                                  "PLAIT_TIMEOUT",
                                                  "PLAIT_SLICE_BYTES",
+                                                 "PLAIT_COPY_SLICE_BYTES",
                                                  "PLAIT_DEPTH",
                                                  "PLAIT_POLL",
+                                                 "PLAIT_PROGRESS",
+                                                 "PLAIT_SINGLE_COPY",
                                                  "PLAIT_DEBUG",
                                                  "PLAIT_GRACE"};
   return names;

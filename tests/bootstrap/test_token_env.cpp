@@ -195,13 +195,16 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   const auto defaults = config_from_env();
   CHECK(defaults.slice_bytes == 256 * 1024);
   CHECK(defaults.depth == 4);
-  CHECK(defaults.poll.count() < 0);  // automatic: decided by ranks per core
+  CHECK(defaults.copy_slice_bytes == 0);  // resolved per transport by communicator::create
+  CHECK(defaults.poll.count() < 0);       // automatic: decided by ranks per core
   env.set("PLAIT_SLICE_BYTES", "1M");
   env.set("PLAIT_DEPTH", "8");
+  env.set("PLAIT_COPY_SLICE_BYTES", "4M");
   env.set("PLAIT_POLL", "0.00005");
   const auto set = config_from_env();
   CHECK(set.slice_bytes == (1u << 20));
   CHECK(set.depth == 8);
+  CHECK(set.copy_slice_bytes == (4u << 20));
   CHECK(set.poll == std::chrono::microseconds(50));
   env.set("PLAIT_POLL", "0");
   CHECK(config_from_env().poll.count() == 0);
@@ -210,9 +213,24 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   CHECK_FALSE(config_from_env().waiter_io);
   env.set("PLAIT_PROGRESS", "caller");
   CHECK(config_from_env().waiter_io);
-  const std::pair<const char*, const char*> bad[] = {
-      {"PLAIT_SLICE_BYTES", "32"}, {"PLAIT_SLICE_BYTES", "65M"}, {"PLAIT_DEPTH", "0"},         {"PLAIT_DEPTH", "65"},
-      {"PLAIT_POLL", "2"},         {"PLAIT_POLL", "fast"},       {"PLAIT_PROGRESS", "Thread"}, {"PLAIT_PROGRESS", ""}};
+  CHECK(config_from_env().single_copy);
+  CHECK_FALSE(config_from_env().lend_always);
+  env.set("PLAIT_SINGLE_COPY", "off");
+  CHECK_FALSE(config_from_env().single_copy);
+  env.set("PLAIT_SINGLE_COPY", "always");
+  CHECK(config_from_env().single_copy);
+  CHECK(config_from_env().lend_always);
+  const std::pair<const char*, const char*> bad[] = {{"PLAIT_SLICE_BYTES", "32"},
+                                                     {"PLAIT_SLICE_BYTES", "65M"},
+                                                     {"PLAIT_COPY_SLICE_BYTES", "0"},
+                                                     {"PLAIT_COPY_SLICE_BYTES", "65M"},
+                                                     {"PLAIT_DEPTH", "0"},
+                                                     {"PLAIT_DEPTH", "65"},
+                                                     {"PLAIT_POLL", "2"},
+                                                     {"PLAIT_POLL", "fast"},
+                                                     {"PLAIT_PROGRESS", "Thread"},
+                                                     {"PLAIT_PROGRESS", ""},
+                                                     {"PLAIT_SINGLE_COPY", "yes"}};
   for (auto [name, value] : bad) {
     CAPTURE(name, value);
     scoped_env one;

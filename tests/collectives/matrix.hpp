@@ -248,4 +248,28 @@ void check_cases(int n, std::function<case_list<Tr>()> make, rank_options opt = 
   SUCCEED(cases.size() << " cases x " << n << " ranks bit-exact");
 }
 
+// The slices every rank of a 2-rank job agreed on, given PLAIT_SLICE_BYTES and
+// PLAIT_COPY_SLICE_BYTES (empty: unset): {slice, copy slice} of rank 0, then rank 1.
+template <class Tr>
+std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::string& copy_slice) {
+  rank_options opt;
+  opt.slice_bytes = slice;
+  opt.copy_slice_bytes = copy_slice;
+  auto results = run_ranks<Tr>(
+      2,
+      [](communicator<Tr>& c) {
+        std::vector<std::uint64_t> v = {c.slice_bytes(), c.copy_slice_bytes()};
+        return std::vector<blob>{to_blob(v)};
+      },
+      opt);
+  std::vector<std::uint64_t> got;
+  for (const auto& r : results) {
+    INFO(r.error);
+    REQUIRE(r.exit_status == 0);
+    auto v = from_blob<std::uint64_t>(r.blobs.at(0));
+    got.insert(got.end(), v.begin(), v.end());
+  }
+  return got;
+}
+
 }  // namespace plait::testing

@@ -20,6 +20,7 @@ TEST_CASE("16 MiB per rank of float sum over shm equals the reference", "[collec
   const std::size_t count = (16u << 20) / sizeof(float);
   rank_options large;
   large.slice_bytes = "128K";
+  large.copy_slice_bytes = "";  // the default: 1 MiB slices for broadcast
   check_cases<shm>(
       ranks,
       [=] {
@@ -29,4 +30,11 @@ TEST_CASE("16 MiB per rank of float sum over shm equals the reference", "[collec
         return cs;
       },
       large);
+}
+
+TEST_CASE("over shm broadcast and send/recv go in slices of at least 1 MiB unless set", "[collectives][shm]") {
+  using v = std::vector<std::uint64_t>;
+  CHECK(agreed_slices<shm>("4K", "") == v{4096, 1 << 20, 4096, 1 << 20});
+  CHECK(agreed_slices<shm>("2M", "") == v{2 << 20, 2 << 20, 2 << 20, 2 << 20});
+  CHECK(agreed_slices<shm>("4K", "64K") == v{4096, 65536, 4096, 65536});
 }

@@ -20,6 +20,7 @@ TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collec
   const std::size_t count = (16u << 20) / sizeof(float);
   rank_options large;
   large.slice_bytes = "128K";
+  large.copy_slice_bytes = "";  // the default over tcp: the slice
   check_cases<tcp>(
       ranks,
       [=] {
@@ -29,4 +30,10 @@ TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collec
         return cs;
       },
       large);
+}
+
+TEST_CASE("over tcp broadcast and send/recv go in the pipeline slice unless set", "[collectives][tcp]") {
+  using v = std::vector<std::uint64_t>;
+  CHECK(agreed_slices<tcp>("4K", "") == v{4096, 4096, 4096, 4096});
+  CHECK(agreed_slices<tcp>("4K", "16K") == v{4096, 16384, 4096, 16384});
 }

@@ -218,11 +218,17 @@ TEST_CASE("shm single copy: a lender that dies before its slot is read is peer_l
 }
 
 // End to end: broadcast, send/recv and all_gather from buffers on huge pages, whose
-// slices go by reference, at sizes that leave a partial last slice.
+// slices go by reference (PLAIT_SINGLE_COPY=always: at every size, whatever the
+// ranks per core), at sizes that leave a partial last slice.
 TEST_CASE("shm single copy: broadcast, send/recv and all_gather deliver every byte",
           "[shm][single_copy][collectives]") {
   plait::testing::rank_options opt;
   opt.slice_bytes = "256K";
+  opt.copy_slice_bytes = "";
+  struct always {
+    always() { ::setenv("PLAIT_SINGLE_COPY", "always", 1); }  // the ranks inherit it
+    ~always() { ::unsetenv("PLAIT_SINGLE_COPY"); }
+  } lend;
   auto results = plait::testing::run_ranks<plait::transport::shm>(
       2,
       [](plait::communicator<plait::transport::shm>& c) {
@@ -243,7 +249,6 @@ TEST_CASE("shm single copy: broadcast, send/recv and all_gather deliver every by
             plait::recv(c, std::span<float>(g, count), 1);
             for (std::size_t i = 0; i < count; ++i) wrong += g[i] != static_cast<float>(i % 777);
           }
-          // all_gather lends from 8 MiB per call (the whole output): the largest count does.
           buffer shard(count * sizeof(float), true, 0), full(2 * count * sizeof(float), true, 0);
           auto* h = reinterpret_cast<float*>(shard.p);
           auto* a = reinterpret_cast<float*>(full.p);

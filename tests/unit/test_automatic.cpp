@@ -2,6 +2,7 @@
 // between hosts) all_reduce takes the tree on 3 or more ranks up to 1 MiB and
 // reduce_scatter stays on the ring; over memory (shm) the choices are the ones tuned
 // there. Every rank computes the same choice from the call and the transport type.
+// Also the other per-call choice: the pipeline slice (plain copies take their own).
 #include <plait/plait.hpp>
 #include <plait/transport/hybrid.hpp>
 #include <plait/transport/shm.hpp>
@@ -58,4 +59,33 @@ TEST_CASE("an explicit algorithm is never overridden by the transport", "[automa
   CHECK(pick<plait::ring>(4096, true, 4, true) == plait::ring::id);
   CHECK(pick<plait::recursive_doubling>(4096, true, 4, true) == plait::recursive_doubling::id);
   CHECK(pick_exchange<plait::direct>(collective_kind::reduce_scatter, 4096, 4, true) == plait::direct::id);
+}
+
+TEST_CASE("broadcast and send/recv take the copy slice, the other collectives the slice", "[automatic]") {
+  plait::detail::comm_config cfg;
+  cfg.slice_bytes = 4096;
+  cfg.copy_slice_bytes = 1 << 20;
+  CHECK(cfg.slot_bytes() == (1u << 20));
+  plait::detail::comm_core core(0, 2, cfg);
+  const auto slice_of = [&](collective_kind kind) {
+    plait::detail::call_builder<float, plait::sum> b(core, kind, plait::ring::id, plait::sum{}, 0, 1000, 1, {});
+    CHECK(b.slice_elems() == b.c->desc.slice_bytes / sizeof(float));
+    CHECK(b.sp(1000).slice_elems == b.slice_elems());
+    return b.c->desc.slice_bytes;
+  };
+  CHECK(slice_of(collective_kind::broadcast) == (1u << 20));
+  CHECK(slice_of(collective_kind::point_to_point) == (1u << 20));
+  for (auto kind : {collective_kind::all_reduce, collective_kind::all_gather, collective_kind::reduce_scatter,
+                    collective_kind::reduce, collective_kind::all_to_all}) {
+    CAPTURE(static_cast<int>(kind));
+    CHECK(slice_of(kind) == 4096u);
+  }
+  // Unresolved (0): every call takes the slice, and so do the slots.
+  cfg.copy_slice_bytes = 0;
+  CHECK(cfg.slice_for(collective_kind::broadcast) == 4096u);
+  CHECK(cfg.slot_bytes() == 4096u);
+  // A copy slice below the slice: the slots still hold the slice.
+  cfg.copy_slice_bytes = 1024;
+  CHECK(cfg.slice_for(collective_kind::point_to_point) == 1024u);
+  CHECK(cfg.slot_bytes() == 4096u);
 }

@@ -34,6 +34,12 @@ struct comm_config {
   std::chrono::nanoseconds timeout = std::chrono::seconds(600);
   std::size_t slice_bytes = 256 * 1024;  // bench/tune.sh: best of 32K..1M x depth 2, 4 on shm (docs/performance.md)
   std::size_t depth = 4;
+  // The slice of plain copies from one rank to another (broadcast, send/recv); 0
+  // until communicator::create resolves it: slice_bytes over a network transport,
+  // at least copy_slice_default otherwise. Slots hold the larger of the two slices.
+  std::size_t copy_slice_bytes = 0;
+  static constexpr std::size_t copy_slice_default =
+      1024 * 1024;  // docs/performance.md, "Larger slices for plain copies"
   // How long a waiting rank polls before it sleeps; negative: automatic (the
   // doorbell's dedicated_spin, or oversubscribed_spin with more ranks than cores).
   std::chrono::nanoseconds poll{-1};
@@ -44,9 +50,20 @@ struct comm_config {
   // Let a transport that can (shm: CMA) have peers copy large plain sends straight
   // from this rank's memory (link_config::single_copy; PLAIT_SINGLE_COPY).
   bool single_copy = true;
+  // PLAIT_SINGLE_COPY=always: lend every plain copy the transport can, at any size
+  // (tests and measurements; executor::lending_pays is the default).
+  bool lend_always = false;
   // The transport's messages are costly (transport_traits::network): `automatic`
   // picks with that in mind. Set by communicator::create from the transport type.
   bool network = false;
+
+  // The pipeline slice of a call of this kind.
+  std::size_t slice_for(collective_kind kind) const noexcept {
+    const bool plain_copy = kind == collective_kind::broadcast || kind == collective_kind::point_to_point;
+    return plain_copy && copy_slice_bytes != 0 ? copy_slice_bytes : slice_bytes;
+  }
+  // A slot's payload capacity: the largest slice.
+  std::size_t slot_bytes() const noexcept { return copy_slice_bytes > slice_bytes ? copy_slice_bytes : slice_bytes; }
 };
 
 class comm_core {
@@ -374,7 +391,7 @@ class comm_core {
   }
 
   executor make_executor() {
-    return executor(rank_, size_, links_.get(), bell_, aborted_, last_seen_, oversubscribed_);
+    return executor(rank_, size_, links_.get(), bell_, aborted_, last_seen_, oversubscribed_, cfg_.lend_always);
   }
 
   void on_failure(executor& ex, const error& e) {
