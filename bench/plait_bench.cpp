@@ -161,19 +161,9 @@ struct bench_run {
       if (comm.rank() == 0) r.bound_gbps = shm ? bound.copy_gbps(size, n) : bound.loopback_gbps(size, n);
       plait::barrier(comm);
       fill(count);
-      for (int i = 0; i < o.warmup; ++i) once(count);
-      std::vector<double> t(static_cast<std::size_t>(o.iters));
-      plait::barrier(comm);
-      const long faults_before = bench::minor_faults();
-      for (int i = 0; i < o.iters; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        once(count);
-        t[static_cast<std::size_t>(i)] =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      }
-      // Read before anything else runs (median copies t: an allocation is not the call's).
-      const long faults = bench::minor_faults() - faults_before;
-      double stats[2] = {bench::median(t), static_cast<double>(faults) / o.iters};
+      const bench::timed_calls t = bench::time_calls(
+          o.warmup, o.iters, [&] { once(count); }, [&] { plait::barrier(comm); });
+      double stats[2] = {bench::median(t.us), static_cast<double>(t.faults) / o.iters};
       plait::all_reduce<plait::ring>(comm, std::span<double>(stats, 2), plait::max{});
       r.time_us = stats[0];
       r.minflt = stats[1];

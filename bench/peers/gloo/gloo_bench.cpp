@@ -111,7 +111,6 @@ class rank_bench {
     bench::report rep(o_, "gloo", PLAIT_GLOO_VERSION, n_, settings_, rank_ == 0);
     rep.header();
     const std::vector<std::size_t> sizes = bench::sizes(o_);
-    std::vector<double> t(static_cast<std::size_t>(o_.iters));
     for (std::size_t s = 0; s < sizes.size(); ++s) {
       const std::size_t count = bench::count_for(o_, sizes[s], sizeof(float), n_);
       rep.progress(s, sizes.size(), count * sizeof(float));
@@ -119,16 +118,10 @@ class rank_bench {
       // while a peer may still be sending into them.
       const std::unique_ptr<gloo::Algorithm> alg = make(count);
       fill(count, false);
-      for (int i = 0; i < o_.warmup; ++i) alg->run();
-      barrier.run();
-      const long faults = bench::minor_faults();
-      for (auto& ti : t) {
-        const auto t0 = std::chrono::steady_clock::now();
-        alg->run();
-        ti = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      }
-      stat_in_[1] = static_cast<double>(bench::minor_faults() - faults) / o_.iters;
-      stat_in_[0] = bench::median(t);
+      const bench::timed_calls t = bench::time_calls(
+          o_.warmup, o_.iters, [&] { alg->run(); }, [&] { barrier.run(); });
+      stat_in_[1] = static_cast<double>(t.faults) / o_.iters;
+      stat_in_[0] = bench::median(t.us);
       stat_in_[2] = 0;
       if (o_.check) {
         // The barrier keeps a fast neighbour from writing its check data into

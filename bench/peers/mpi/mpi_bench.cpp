@@ -139,17 +139,10 @@ class mpi_bench {
     r.bytes = count * sizeof(float);
     r.root = o_.op == "broadcast" ? o_.root : -1;
     fill(count);
-    for (int i = 0; i < o_.warmup; ++i) once(count);
-    MPI_Barrier(MPI_COMM_WORLD);
-    std::vector<double> t(static_cast<std::size_t>(o_.iters));
-    const long faults_before = bench::minor_faults();
-    for (double& us : t) {
-      const auto t0 = std::chrono::steady_clock::now();
-      once(count);
-      us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    }
-    double faults = static_cast<double>(bench::minor_faults() - faults_before) / o_.iters;
-    double med = bench::median(t);
+    const bench::timed_calls t = bench::time_calls(
+        o_.warmup, o_.iters, [&] { once(count); }, [] { MPI_Barrier(MPI_COMM_WORLD); });
+    double faults = static_cast<double>(t.faults) / o_.iters;
+    double med = bench::median(t.us);
     MPI_Allreduce(MPI_IN_PLACE, &med, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &faults, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     r.time_us = med;
