@@ -87,7 +87,8 @@ inline void check_peer(const announcement& mine, const announcement& theirs, std
     throw error(errc::mismatch,
                 "shm: rank " + std::to_string(peer) + " uses " + std::to_string(theirs.depth) + " slots of " +
                     std::to_string(theirs.slot_bytes) + " bytes, this rank " + std::to_string(mine.depth) + " of " +
-                    std::to_string(mine.slot_bytes) + ": set the same slice size (PLAIT_SLICE_BYTES) on every rank",
+                    std::to_string(mine.slot_bytes) +
+                    ": set the same slice sizes (PLAIT_SLICE_BYTES, PLAIT_COPY_SLICE_BYTES) on every rank",
                 me, peer);
   if (std::strncmp(mine.host, theirs.host, sizeof mine.host) != 0)
     throw error(errc::invalid_argument,

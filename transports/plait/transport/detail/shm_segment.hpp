@@ -271,7 +271,7 @@ inline mapping create_segment(segment_name& name_out, const std::string& name, c
                     " peers x " + std::to_string(g.depth) + " slots x " + std::to_string(g.slot_bytes) +
                     " bytes): " + errno_text(e) +
                     "; enlarge /dev/shm (docker run --shm-size=..., or mount -o remount,size=... /dev/shm) "
-                    "or use smaller slices (PLAIT_SLICE_BYTES)",
+                    "or use smaller slices (PLAIT_SLICE_BYTES, PLAIT_COPY_SLICE_BYTES)",
                 rank);
   mapping map = map_shared(fd.get(), total, name, rank, -1);
 
@@ -338,7 +338,8 @@ inline mapping open_segment(const std::string& name, const geometry& g, int me, 
     throw error(errc::mismatch,
                 "shm: rank " + std::to_string(peer) + " uses " + std::to_string(h.depth) + " slots of " +
                     std::to_string(h.slot_bytes) + " bytes, this rank " + std::to_string(g.depth) + " of " +
-                    std::to_string(g.slot_bytes) + ": set the same slice size (PLAIT_SLICE_BYTES) on every rank",
+                    std::to_string(g.slot_bytes) +
+                    ": set the same slice sizes (PLAIT_SLICE_BYTES, PLAIT_COPY_SLICE_BYTES) on every rank",
                 me, peer);
   if (h.slot_stride != g.slot_stride || h.fifo_bytes != g.fifo_bytes || h.total_bytes != bytes ||
       h.fifo_count > bytes / g.fifo_bytes || g.total_bytes(h.fifo_count) != bytes)
