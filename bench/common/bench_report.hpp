@@ -152,6 +152,27 @@ inline long minor_faults() {
   return u.ru_minflt;
 }
 
+// Ticks of CPU time on this machine since boot, summed over its CPUs: all of them,
+// and those "stolen" (a virtual CPU that wanted to run while the hypervisor ran
+// something else: /proc/stat's 8th cpu field). {0, 0} where /proc/stat is unreadable.
+struct cpu_ticks {
+  unsigned long long steal = 0, total = 0;
+};
+
+inline cpu_ticks read_cpu_ticks() {
+  cpu_ticks t;
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (f == nullptr) return t;
+  unsigned long long v[8] = {};
+  if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                  &v[7]) == 8) {
+    t.steal = v[7];
+    for (unsigned long long x : v) t.total += x;
+  }
+  std::fclose(f);
+  return t;
+}
+
 // What time_calls measured: each timed call's time in µs, and the minor page faults
 // the timed calls took (the whole process, every thread).
 struct timed_calls {
@@ -213,7 +234,8 @@ class report {
         settings_(std::move(settings)),
         bound_kind_(std::move(bound_kind)),
         ranks_(ranks),
-        printer_(printer) {}
+        printer_(printer),
+        start_ticks_(read_cpu_ticks()) {}
 
   void header() const {
     if (!printer_) return;
@@ -275,6 +297,10 @@ class report {
     if (!printer_) return true;
     std::printf("# Out of bounds values : %lld %s\n", total_wrong(), total_wrong() ? "ERROR" : "OK");
     std::printf("# Avg bus bandwidth    : %.3f GB/s\n", average_busbw());
+    const double steal = steal_percent();
+    if (steal >= 0)
+      std::printf("# Hypervisor steal     : %.1f %% of this machine's CPU time during the run%s\n", steal,
+                  steal >= 5 ? " (other guests took it: the timings above are low)" : "");
     std::fflush(stdout);
     if (o_.json.empty()) return true;
     std::FILE* f = std::fopen(o_.json.c_str(), "w");
@@ -285,10 +311,10 @@ class report {
     std::fprintf(f,
                  "{\"library\": %s, \"version\": %s, \"collective\": %s, \"algorithm\": %s, \"transport\": %s, "
                  "\"ranks\": %d, \"type\": %s, \"redop\": %s, \"settings\": %s, \"warmup\": %d, \"iters\": %d, "
-                 "\"bound\": %s, \"avg_busbw\": %.6g, \"rows\": [",
+                 "\"bound\": %s, \"avg_busbw\": %.6g, \"steal_pct\": %.6g, \"rows\": [",
                  quote(library_).c_str(), quote(version_).c_str(), quote(o_.op).c_str(), quote(o_.algo).c_str(),
                  quote(o_.transport).c_str(), ranks_, quote(o_.type).c_str(), quote(o_.redop).c_str(),
-                 quote(settings_).c_str(), o_.warmup, o_.iters, quote(bound_kind_).c_str(), average_busbw());
+                 quote(settings_).c_str(), o_.warmup, o_.iters, quote(bound_kind_).c_str(), average_busbw(), steal);
     for (std::size_t i = 0; i < rows_.size(); ++i) {
       const row& r = rows_[i];
       std::fprintf(f,
@@ -302,6 +328,15 @@ class report {
   }
 
  private:
+  // The share of CPU time the hypervisor stole since this report was made; -1 where
+  // /proc/stat gives nothing.
+  double steal_percent() const {
+    const cpu_ticks now = read_cpu_ticks();
+    if (now.total <= start_ticks_.total) return -1;
+    return 100.0 * static_cast<double>(now.steal - start_ticks_.steal) /
+           static_cast<double>(now.total - start_ticks_.total);
+  }
+
   static double percent(const row& r) { return r.bound_gbps > 0 ? 100.0 * r.busbw / r.bound_gbps : 0; }
 
   static std::string quote(const std::string& s) {
@@ -321,6 +356,7 @@ class report {
   std::string library_, version_, settings_, bound_kind_;
   int ranks_;
   bool printer_;
+  cpu_ticks start_ticks_;  // when the report was made: the run's hypervisor steal is counted from here
   std::vector<row> rows_;
   std::chrono::steady_clock::time_point last_progress_{};
 };
