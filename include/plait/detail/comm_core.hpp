@@ -39,7 +39,7 @@ struct comm_config {
   // at least copy_slice_default otherwise. Slots hold the larger of the two slices.
   std::size_t copy_slice_bytes = 0;
   static constexpr std::size_t copy_slice_default =
-      1024 * 1024;  // docs/performance.md, "Larger slices for plain copies"
+      1024 * 1024;  // docs/performance.md, "Copies without rep movsb, and plain copies in 1 MiB slices"
   // How long a waiting rank polls before it sleeps; negative: automatic (the
   // doorbell's dedicated_spin, or oversubscribed_spin with more ranks than cores).
   std::chrono::nanoseconds poll{-1};

@@ -4,12 +4,14 @@
 //
 // Why not memcpy itself: for 2 KiB up to 1 MiB, glibc's memcpy (2.36, x86-64) moves
 // the bytes with `rep movsb`, and on the machines plait is measured on (AMD EPYC
-// vCPUs) that runs at half the speed of a vector loop when the bytes were just written
-// by another core, which is what a slot always is. Measured with glibc's own vector
-// loop forced (GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=67108864), 2-rank shm
-// broadcast in 256 KiB slices: 1 MiB 85.3 -> 40.6 us, 4 MiB 356.6 -> 172.5 us
-// (docs/performance.md, "Copies without rep movsb"). So from copy_loop_from bytes up
-// to glibc's own vector loop (copy_loop_upto) the bytes go through the loop below.
+// vCPUs) slot copies made that way, while the other core copies the slot before,
+// cost about twice what a vector loop's do. Measured with glibc's own vector loop
+// forced (GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=67108864), 2-rank shm
+// broadcast in 256 KiB slices: 1 MiB 85.3 -> 40.6 us, 4 MiB 356.6 -> 172.5 us. Why is
+// not established: a lock-step hand-off (host-probe part 3, memcpy on both sides) is
+// the same either way (docs/performance.md, "Copies without rep movsb"). So from
+// copy_loop_from bytes up to where glibc's memcpy takes its vector loop itself
+// (copy_loop_upto) the bytes go through the loop below.
 //
 // The loop moves 64 bytes per pass with fixed-size copies the compiler turns into
 // vector moves; the empty asm hides the index from the compilers' idiom recognition,
