@@ -13,6 +13,7 @@
 
 #include <cstdio>
 
+#include "bootstrap/bootstrap_support.hpp"
 #include "shm_test_support.hpp"
 #include "support/ranks.hpp"
 
@@ -225,10 +226,8 @@ TEST_CASE("shm single copy: broadcast, send/recv and all_gather deliver every by
   plait::testing::rank_options opt;
   opt.slice_bytes = "256K";
   opt.copy_slice_bytes = "";
-  struct always {
-    always() { ::setenv("PLAIT_SINGLE_COPY", "always", 1); }  // the ranks inherit it
-    ~always() { ::unsetenv("PLAIT_SINGLE_COPY"); }
-  } lend;
+  plait::testing::scoped_env env;          // restores the caller's environment afterwards
+  env.set("PLAIT_SINGLE_COPY", "always");  // the ranks inherit it
   auto results = plait::testing::run_ranks<plait::transport::shm>(
       2,
       [](plait::communicator<plait::transport::shm>& c) {
