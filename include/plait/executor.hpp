@@ -66,15 +66,19 @@ struct call {
   };
   std::vector<pending_send> pending;
 
+  // Also makes room for every send to be pending at once, so that no call that
+  // follows one of the same shape grows `pending` (allocates) while it runs.
   void count_peers(int size) {
     sends_left.assign(static_cast<std::size_t>(size), 0);
     recvs_left.assign(static_cast<std::size_t>(size), 0);
+    std::size_t sends = 0;
     for (const step& s : steps) {
       for (int p : s.send_peer)
-        if (p >= 0) ++sends_left[static_cast<std::size_t>(p)];
+        if (p >= 0) ++sends_left[static_cast<std::size_t>(p)], ++sends;
       for (int p : s.recv_peer)
         if (p >= 0) ++recvs_left[static_cast<std::size_t>(p)];
     }
+    pending.reserve(sends);
   }
   bool done() const noexcept { return next >= steps.size() && pending.empty(); }
 

@@ -2,6 +2,7 @@
 // headers as a broken or hostile peer might write them, and each must end the call
 // with the right error (protocol for framing and sequence, mismatch for a different
 // call), naming the peer, before any payload is copied out.
+#include <plait/detail/comm_core.hpp>
 #include <plait/executor.hpp>
 
 #include <cstring>
@@ -179,4 +180,61 @@ TEST_CASE("executor: send/recv sequences are checked apart from collectives", "[
   auto c2 = r.make_call(0, 4);
   c2->desc.kind = collective_kind::point_to_point;
   CHECK_THROWS_WITH(ex.advance(*c2), Catch::Contains("never go back"));
+}
+
+TEST_CASE("a call makes room for all its sends to be pending at once", "[unit][executor]") {
+  call c;
+  for (int i = 0; i < 5; ++i) {
+    step s;
+    s.send_peer[0] = 1;
+    if (i % 2 == 0) s.send_peer[1] = 2;
+    s.recv_peer[0] = 3;
+    c.steps.push_back(s);
+  }
+  c.count_peers(4);
+  CHECK(c.sends_left == std::vector<std::uint32_t>{0, 5, 3, 0});
+  CHECK(c.pending.capacity() >= 8);
+  const std::size_t room = c.pending.capacity();
+  c.reset();
+  CHECK(c.pending.capacity() == room);  // a reused call keeps it
+}
+
+TEST_CASE("fifo_list: first in, first out, reusing its memory", "[unit][executor]") {
+  fifo_list<std::shared_ptr<int>> q;
+  CHECK(q.empty());
+  // One in flight at a time, as blocking calls go: never more than one element's room.
+  for (int i = 0; i < 100; ++i) {
+    q.push_back(std::make_shared<int>(i));
+    REQUIRE(*q.front() == i);
+    q.pop_front();
+    REQUIRE(q.empty());
+  }
+  // Several in flight, popped from the front while more are pushed: order holds across
+  // the compaction that reuses the room the front left.
+  std::vector<int> seen;
+  int next = 0;
+  for (int round = 0; round < 20; ++round) {
+    for (int k = 0; k < 3; ++k) q.push_back(std::make_shared<int>(next++));
+    for (int k = 0; k < 2; ++k) {
+      seen.push_back(*q.front());
+      q.pop_front();
+    }
+  }
+  std::vector<int> rest;
+  for (auto& p : q) rest.push_back(*p);
+  CHECK(rest.size() == 20);
+  while (!q.empty()) {
+    seen.push_back(*q.front());
+    q.pop_front();
+  }
+  REQUIRE(seen.size() == 60);
+  for (int i = 0; i < 60; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);
+  // A popped element is released at once, not when the list is next compacted.
+  auto held = std::make_shared<int>(7);
+  q.push_back(held);
+  q.push_back(std::make_shared<int>(8));
+  q.pop_front();
+  CHECK(held.use_count() == 1);
+  q.clear();
+  CHECK(q.empty());
 }

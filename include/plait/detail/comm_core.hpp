@@ -15,7 +15,6 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +28,37 @@
 #include <plait/transport.hpp>
 
 namespace plait::detail {
+
+// A first-in, first-out list that keeps its memory: std::deque allocates a block every
+// few dozen pushes even when it never holds more than one element, and the calls in
+// flight pass through one such list per call (no allocation on the hot path, issue 4).
+template <class T>
+class fifo_list {
+ public:
+  bool empty() const noexcept { return head_ == items_.size(); }
+  T& front() noexcept { return items_[head_]; }
+  auto begin() noexcept { return items_.begin() + static_cast<std::ptrdiff_t>(head_); }
+  auto end() noexcept { return items_.end(); }
+  void push_back(T v) {
+    if (head_ > 0 && items_.size() == items_.capacity()) {  // reuse the room the front left
+      items_.erase(items_.begin(), begin());
+      head_ = 0;
+    }
+    items_.push_back(std::move(v));
+  }
+  void pop_front() noexcept {
+    items_[head_++] = T{};
+    if (empty()) clear();
+  }
+  void clear() noexcept {
+    items_.clear();
+    head_ = 0;
+  }
+
+ private:
+  std::vector<T> items_;
+  std::size_t head_ = 0;  // items_[0, head_) are popped
+};
 
 struct comm_config {
   std::chrono::nanoseconds timeout = std::chrono::seconds(600);
@@ -489,7 +519,7 @@ class comm_core {
   std::optional<error> broken_;
 
   std::mutex engine_mutex_;  // held while driving calls; guards active_
-  std::deque<std::shared_ptr<flight>> active_;
+  fifo_list<std::shared_ptr<flight>> active_;
   std::mutex diag_mutex_;  // one stall diagnosis at a time
   clock::time_point last_diagnosis_{};
   std::uint64_t stall_sequence_ = 0;  // the oldest call in flight when it last moved (engine_mutex_)

@@ -222,7 +222,8 @@ class segment_name {
 inline std::string segment_name_of(std::string_view job_key, int rank) {
   std::string name = "/plait-";
   for (char c : job_key) name += (c == '/' ? '_' : c);
-  name += "-" + std::to_string(rank);
+  name += '-';
+  name += std::to_string(rank);
   return name;
 }
 
