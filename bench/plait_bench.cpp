@@ -142,9 +142,10 @@ struct bench_run {
     out.assign(max_count, T{});
     const bool shm = o.transport == "shm";
     bench::report rep(o, "plait", "0.1", n,
-                      "algorithm " + o.algo + ", slice " + std::to_string(comm.slice_bytes()) +
-                          " B (broadcast, send/recv " + std::to_string(comm.copy_slice_bytes()) + " B); rank 0 " +
-                          cpus_of_this_rank() + "; PLAIT_* environment as launched",
+                      "algorithm " + o.algo + (comm.core().config().one_host ? " (all ranks on one host)" : "") +
+                          ", slice " + std::to_string(comm.slice_bytes()) + " B (broadcast, send/recv " +
+                          std::to_string(comm.copy_slice_bytes()) + " B); rank 0 " + cpus_of_this_rank() +
+                          "; PLAIT_* environment as launched",
                       comm.rank() == 0, shm ? "copy" : "loopback");
     rep.header();
     bench::bounds bound;

@@ -143,12 +143,14 @@ struct call_builder {
 
 // all_reduce_ranks: the communicator's size for all_reduce (which has the one-hop
 // and log-hop algorithms), 0 for the other collectives; network: the transport's
-// messages are costly (transport_traits::network).
+// messages are costly (transport_traits::network); one_host: and every rank is on
+// one host (comm_config::one_host).
 template <class Algo>
-std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0, bool network = false) {
+std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0, bool network = false,
+                  bool one_host = false) {
   if constexpr (std::is_same_v<Algo, automatic>) {
     const int n = all_reduce_ranks;
-    if (network && n >= 3 && tree_capable && bytes <= automatic::network_tree_upto_bytes) return tree::id;
+    if (network && n >= 3 && tree_capable && (one_host || bytes <= automatic::network_tree_upto_bytes)) return tree::id;
     if (n > 1 && n <= direct::max_all_reduce_ranks && bytes < automatic::direct_below_bytes(n)) return direct::id;
     if (n > 3 && recursive_doubling::supports(n) && bytes < automatic::doubling_below_bytes(n))
       return recursive_doubling::id;
@@ -179,7 +181,8 @@ std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ra
 
 template <class Algo, class T, class Op>
 request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op op, call_options opt, bool async) {
-  const std::uint8_t algo = pick<Algo>(out.size_bytes(), true, core.size(), core.config().network);
+  const std::uint8_t algo =
+      pick<Algo>(out.size_bytes(), true, core.size(), core.config().network, core.config().one_host);
   call_builder<T, Op> b(core, collective_kind::all_reduce, algo, op, -1, out.size(), core.next_sequence(), opt);
   b.require(in.size() == out.size(), "input and output must have the same number of elements");
   b.require(in.data() == out.data() || !overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()),

@@ -101,6 +101,11 @@ class communicator {
     join(*ctx, deadline);
     agree_on_config(*ctx, cfg, deadline);
     cfg.network = Transport::traits.network;
+    if (cfg.network && size > 1) {
+      cfg.one_host = agree_on_one_host(*ctx, deadline);
+      if (cfg.one_host && !Transport::traits.network_on_one_host)
+        cfg.network = false;  // a hybrid on one host: all local
+    }
     if (cfg.copy_slice_bytes == 0)
       cfg.copy_slice_bytes =
           cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, detail::comm_config::copy_slice_default);
@@ -197,6 +202,26 @@ class communicator {
       cfg.depth = static_cast<std::size_t>(v[1]);
       cfg.copy_slice_bytes = static_cast<std::size_t>(v[2]);
     }
+  }
+
+  // Whether every rank has this rank's host identity: rank 0 reads each rank's and
+  // tells the rest (one record per rank, n - 1 reads on rank 0, one on the others).
+  static bool agree_on_one_host(bootstrap_context& ctx, clock::time_point deadline) {
+    const std::string me = ctx.host_id();
+    if (ctx.rank() != 0) {
+      ctx.put("host/" + std::to_string(ctx.rank()), std::as_bytes(std::span(me.data(), me.size())));
+      auto got = ctx.get("one-host", deadline);
+      if (got.size() != 1) throw error(errc::protocol, "malformed one-host record from rank 0", ctx.rank(), 0);
+      return got[0] == std::byte{1};
+    }
+    bool same = true;
+    for (int p = 1; p < ctx.size(); ++p) {
+      auto got = ctx.get("host/" + std::to_string(p), deadline);
+      same = same && std::string_view(reinterpret_cast<const char*>(got.data()), got.size()) == me;
+    }
+    const std::byte verdict{static_cast<unsigned char>(same ? 1 : 0)};
+    ctx.put("one-host", std::span(&verdict, 1));
+    return same;
   }
 
   std::unique_ptr<detail::comm_core> core_;

@@ -50,6 +50,9 @@ struct transport_traits {
   // Messages go through the kernel's network stack: each one costs system calls and
   // wake-ups, so `automatic` prefers the schedules that send the fewest of them.
   bool network = false;
+  // Ranks on one host still talk through the network stack (tcp over loopback); a
+  // hybrid's ranks on one host use its local transport instead.
+  bool network_on_one_host = false;
 };
 
 // What a transport needs from the rendezvous: a key-value exchange scoped to this

@@ -272,4 +272,27 @@ std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::st
   return got;
 }
 
+// What 3 ranks with these host identities agreed at start-up: per rank, whether
+// they all share one host and whether automatic counts messages (comm_config).
+template <class Tr>
+std::vector<int> agreed_hosts(std::function<std::string(int)> host_id) {
+  rank_options opt;
+  opt.host_id = std::move(host_id);
+  auto results = run_ranks<Tr>(
+      3,
+      [](communicator<Tr>& c) {
+        const auto& cfg = c.core().config();
+        return std::vector<blob>{to_blob(std::vector<int>{cfg.one_host ? 1 : 0, cfg.network ? 1 : 0})};
+      },
+      opt);
+  std::vector<int> got;
+  for (const auto& r : results) {
+    INFO(r.error);
+    REQUIRE(r.exit_status == 0);
+    auto v = from_blob<int>(r.blobs.at(0));
+    got.insert(got.end(), v.begin(), v.end());
+  }
+  return got;
+}
+
 }  // namespace plait::testing

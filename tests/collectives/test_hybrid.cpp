@@ -38,3 +38,9 @@ TEST_CASE("16 MiB per rank of float sum over hybrid<shm, tcp> equals the referen
       },
       opt);
 }
+
+TEST_CASE("hybrid<shm, tcp> on one host is all shm: automatic chooses as over memory", "[collectives][hybrid]") {
+  using v = std::vector<int>;  // per rank: one host, network
+  CHECK(agreed_hosts<mixed>([](int) { return "node-a"; }) == v{1, 0, 1, 0, 1, 0});
+  CHECK(agreed_hosts<mixed>([](int r) { return r == 1 ? "node-b" : "node-a"; }) == v{0, 1, 0, 1, 0, 1});
+}

@@ -37,3 +37,11 @@ TEST_CASE("over tcp broadcast and send/recv go in the pipeline slice unless set"
   CHECK(agreed_slices<tcp>("4K", "") == v{4096, 4096, 4096, 4096});
   CHECK(agreed_slices<tcp>("4K", "16K") == v{4096, 16384, 4096, 16384});
 }
+
+TEST_CASE("over tcp the ranks agree whether they share one host", "[collectives][tcp]") {
+  using v = std::vector<int>;  // per rank: one host, network
+  CHECK(agreed_hosts<tcp>([](int) { return "node-a"; }) == v{1, 1, 1, 1, 1, 1});
+  // One rank elsewhere: every rank says no, the two that share a host included.
+  CHECK(agreed_hosts<tcp>([](int r) { return r == 2 ? "node-b" : "node-a"; }) == v{0, 1, 0, 1, 0, 1});
+  CHECK(agreed_hosts<tcp>([](int r) { return r == 0 ? "node-b" : "node-a"; }) == v{0, 1, 0, 1, 0, 1});
+}

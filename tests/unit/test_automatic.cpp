@@ -1,8 +1,8 @@
 // plait::automatic's choices: over a network transport (tcp, or a hybrid with tcp
-// between hosts) all_reduce takes the tree on 3 or more ranks up to 1 MiB and
-// reduce_scatter stays on the ring; over memory (shm) the choices are the ones tuned
-// there. Every rank computes the same choice from the call and the transport type.
-// Also the other per-call choice: the pipeline slice (plain copies take their own).
+// between hosts) all_reduce takes the tree on 3 or more ranks up to 1 MiB (at every
+// size when every rank is on one host) and reduce_scatter stays on the ring; over memory (shm) the choices are the ones
+// tuned there. Every rank computes the same choice from the call and the transport type. Also the other per-call
+// choice: the pipeline slice (plain copies take their own).
 #include <plait/plait.hpp>
 #include <plait/transport/hybrid.hpp>
 #include <plait/transport/shm.hpp>
@@ -42,6 +42,20 @@ TEST_CASE("automatic over memory keeps the choices tuned on shm", "[automatic]")
   CHECK(pick<automatic>(32 * K, true, 6, false) == plait::tree::id);
   CHECK(pick<automatic>(1024 * K, true, 4, false) == plait::ring::id);
   CHECK(pick_exchange<automatic>(collective_kind::reduce_scatter, 4 * K, 4, false) == plait::direct::id);
+}
+
+TEST_CASE("automatic all_reduce over a network on one host takes the tree at every size", "[automatic]") {
+  constexpr std::size_t K = 1024;
+  for (int n : {3, 4, 8})
+    for (std::size_t bytes : {4 * K, 1024 * K, 2048 * K, 128 * K * K}) {
+      CAPTURE(n, bytes);
+      CHECK(pick<automatic>(bytes, true, n, true, true) == plait::tree::id);
+    }
+  // Between hosts the ring above 1 MiB, as before; 2 ranks and shm are unchanged.
+  CHECK(pick<automatic>(2048 * K, true, 4, true, false) == plait::ring::id);
+  CHECK(pick<automatic>(1024 * K, true, 2, true, true) == plait::ring::id);
+  CHECK(pick<automatic>(4 * K, true, 2, true, true) == plait::direct::id);
+  CHECK(pick<automatic>(1024 * K, true, 4, false, true) == plait::ring::id);
 }
 
 TEST_CASE("automatic over a network: reduce_scatter stays on the ring, all_gather doubles on 2^k ranks",

@@ -179,7 +179,10 @@ struct automatic {
   // fewest (2(n-1) per slice), on 3 or more ranks up to this size, ahead of direct,
   // recursive doubling and the ring (4 ranks: 4K 77 vs 89 us, 64K 119 vs 242, 1M 1019
   // vs 1694; docs/performance.md), and reduce_scatter stays on the ring (4 ranks, 4K:
-  // 109 vs 149 us with direct).
+  // 109 vs 149 us with direct). When every rank is on one host (comm_config::one_host)
+  // the tree goes on at every size: there the cost stays per message, not per byte on
+  // a link (3, 4 and 8 ranks on 2 cores, 2M-128M: the tree 1.1-1.4x ahead of the
+  // ring); between hosts the ring's fewer bytes per link win above this size.
   static constexpr std::size_t network_tree_upto_bytes = 1024 * 1024;
   // all_gather over a network transport on 4, 8, ... ranks: recursive doubling
   // (log2 n rounds) at every size: 4 ranks, tcp, against the ring: 4K 87 vs 110 us,

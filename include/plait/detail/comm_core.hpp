@@ -84,8 +84,15 @@ struct comm_config {
   // (tests and measurements; executor::lending_pays is the default).
   bool lend_always = false;
   // The transport's messages are costly (transport_traits::network): `automatic`
-  // picks with that in mind. Set by communicator::create from the transport type.
+  // picks with that in mind. Set by communicator::create from the transport type,
+  // and false for a hybrid whose ranks all share one host (only its local transport).
   bool network = false;
+  // Every rank has the same host identity (bootstrap_context::host_id: PLAIT_HOST_ID or
+  // the host name), agreed at start-up over a network transport: its messages then
+  // never cross a wire, and what they cost is the CPU time per message on cores the
+  // ranks share, not a link's bandwidth, so `automatic` keeps to the schedules that
+  // send the fewest messages at every size. Set by communicator::create.
+  bool one_host = false;
 
   // The pipeline slice of a call of this kind.
   std::size_t slice_for(collective_kind kind) const noexcept {

@@ -71,7 +71,8 @@ struct hybrid {
   static constexpr transport_traits traits{.device_memory = Local::traits.device_memory && Remote::traits.device_memory,
                                            .one_sided = Local::traits.one_sided && Remote::traits.one_sided,
                                            .zero_copy = Local::traits.zero_copy && Remote::traits.zero_copy,
-                                           .network = Local::traits.network || Remote::traits.network};
+                                           .network = Local::traits.network || Remote::traits.network,
+                                           .network_on_one_host = Local::traits.network};
   static constexpr std::string_view name = "hybrid";
 
   static std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::doorbell& bell,

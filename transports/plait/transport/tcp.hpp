@@ -29,7 +29,7 @@ namespace plait::transport {
 
 struct tcp {
   static constexpr transport_traits traits{
-      .device_memory = false, .one_sided = false, .zero_copy = false, .network = true};
+      .device_memory = false, .one_sided = false, .zero_copy = false, .network = true, .network_on_one_host = true};
   static constexpr std::string_view name = "tcp";
 
   // Collective; blocks until every link is up or cfg.connect_timeout passes.
