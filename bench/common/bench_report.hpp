@@ -235,7 +235,7 @@ class report {
         bound_kind_(std::move(bound_kind)),
         ranks_(ranks),
         printer_(printer),
-        start_ticks_(read_cpu_ticks()) {}
+        start_ticks_(printer ? read_cpu_ticks() : cpu_ticks{}) {}
 
   void header() const {
     if (!printer_) return;
@@ -356,7 +356,7 @@ class report {
   std::string library_, version_, settings_, bound_kind_;
   int ranks_;
   bool printer_;
-  cpu_ticks start_ticks_;  // when the report was made: the run's hypervisor steal is counted from here
+  cpu_ticks start_ticks_;  // when the report was made (the printing rank only): steal is counted from here
   std::vector<row> rows_;
   std::chrono::steady_clock::time_point last_progress_{};
 };

@@ -3,14 +3,12 @@
 // and touches no fresh page, in any thread of the rank (the transport's progress
 // thread included). Every rank counts heap allocations (this executable replaces
 // the global operator new) and minor page faults (getrusage) over the timed calls
-// of each collective and size, as plait-bench times them, and the parent asserts
-// zero for each.
+// of each collective and size, through plait-bench's own timing loop
+// (bench::time_calls), and the parent asserts zero for each.
 //
 // Allocations are counted only while a rank times its calls, so the harness and the
 // warm-up may allocate freely. Faults are counted for the whole process, which is
 // what plait-bench prints.
-#include <sys/resource.h>
-
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -21,6 +19,7 @@
 #include <plait/transport/shm.hpp>
 #include <plait/transport/tcp.hpp>
 
+#include "../../bench/common/bench_report.hpp"
 #include "support/ranks.hpp"
 
 namespace {
@@ -78,12 +77,6 @@ const std::vector<std::size_t> sizes = {4096, 1 << 20, 4 << 20};  // bytes, as p
 constexpr int warmup = 3;                                         // plait-bench's and bench/compare's -w
 constexpr int timed = 20;
 
-long minor_faults() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  return u.ru_minflt;
-}
-
 // One collective of `bytes` (the largest buffer, as plait-bench counts it).
 template <class Tr>
 void once(plait::communicator<Tr>& comm, const std::string& what, std::vector<float>& in, std::vector<float>& out,
@@ -111,15 +104,22 @@ std::vector<blob> measure(plait::communicator<Tr>& comm) {
   std::vector<blob> results;
   for (const auto& what : collectives)
     for (std::size_t bytes : sizes) {
-      for (int i = 0; i < warmup; ++i) once(comm, what, in, out, bytes);
-      allocations.store(0);
-      const long faults_before = minor_faults();
-      counting.store(true);
-      for (int i = 0; i < timed; ++i) once(comm, what, in, out, bytes);
+      // plait-bench's own loop: the faults are what it prints; allocations are
+      // counted from the barrier that starts the timed calls.
+      const bench::timed_calls t = bench::time_calls(
+          warmup, timed, [&] { once(comm, what, in, out, bytes); },
+          [&] {
+            plait::barrier(comm);
+            allocations.store(0);
+            counting.store(true);
+          });
       counting.store(false);
-      const std::vector<long> counts = {allocations.load(), minor_faults() - faults_before};
+      const std::vector<long> counts = {allocations.load(), t.faults};
       results.push_back(to_blob(counts));
-      plait::barrier(comm);  // the next size starts together, as plait-bench's sizes do
+      // No rank goes on (or, after the last size, closes its links: a peer's closing
+      // frame is parsed, and described, inside whatever call is running) while another
+      // still counts.
+      plait::barrier(comm);
     }
   return results;
 }

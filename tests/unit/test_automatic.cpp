@@ -1,8 +1,9 @@
 // plait::automatic's choices: over a network transport (tcp, or a hybrid with tcp
 // between hosts) all_reduce takes the tree on 3 or more ranks up to 1 MiB (at every
-// size when every rank is on one host) and reduce_scatter stays on the ring; over memory (shm) the choices are the ones
-// tuned there. Every rank computes the same choice from the call and the transport type. Also the other per-call
-// choice: the pipeline slice (plain copies take their own).
+// size when every rank is on one host) and reduce_scatter stays on the ring; over
+// memory (shm) the choices are the ones tuned there. Every rank computes the same
+// choice from the call, the transport type and what the ranks agreed at start-up.
+// Also the other per-call choice: the pipeline slice (plain copies take their own).
 #include <plait/plait.hpp>
 #include <plait/transport/hybrid.hpp>
 #include <plait/transport/shm.hpp>
