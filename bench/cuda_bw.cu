@@ -6,7 +6,11 @@
 //   sum 2->1      reduce_copy_device float sum, 2 sources, 1 destination;
 //   sum 2->2      the same, 2 destinations (the ring's reduce-and-forward step);
 //   sum 3->1      3 sources, 1 destination;
-//   bf16 sum 2->1 bfloat16, 2 sources, 1 destination.
+//   bf16 sum 2->1 bfloat16, 2 sources, 1 destination;
+//   sum 2->1 +1   float sum with every array one element in (off a 16-byte boundary, all by
+//                 the same: 16 bytes per access after a few single elements);
+//   ... mixed     the destination alone one element in (the arrays' offsets differ: the
+//                 kernel goes element by element instead of 16 bytes per access).
 // GB/s counts every byte read and written (1e9 bytes/s), and %copy is that over the
 // copy's own rate: the gap between the fused kernel and the memory bound.
 // Prints the reason and exits 77 without a device (no GPU here is not a failure).
@@ -110,6 +114,23 @@ int main(int argc, char** argv) {
     const plait::bfloat16* s[] = {h(0), h(1)};
     plait::bfloat16* d[] = {h(2)};
     return plait::kernel::reduce_copy_device<plait::bfloat16>(plait::sum{}, s, 2, d, 1, nh, 0, nullptr);
+  });
+  // One element into each array: packed after a head of single elements.
+  row("sum 2->1 +1", 3, [&] {
+    const float* s[] = {f(0) + 1, f(1) + 1};
+    float* d[] = {f(2) + 1};
+    return plait::kernel::reduce_copy_device<float>(plait::sum{}, s, 2, d, 1, nf - 1, 0, nullptr);
+  });
+  // Only the destination one element in: offsets differ, so element by element.
+  row("sum 2->1 mixed", 3, [&] {
+    const float* s[] = {f(0), f(1)};
+    float* d[] = {f(2) + 1};
+    return plait::kernel::reduce_copy_device<float>(plait::sum{}, s, 2, d, 1, nf - 1, 0, nullptr);
+  });
+  row("bf16 2->1 mixed", 3, [&] {
+    const plait::bfloat16* s[] = {h(0), h(1)};
+    plait::bfloat16* d[] = {h(2) + 1};
+    return plait::kernel::reduce_copy_device<plait::bfloat16>(plait::sum{}, s, 2, d, 1, nh - 1, 0, nullptr);
   });
   for (auto* p : buf) cudaFree(p);
   return 0;

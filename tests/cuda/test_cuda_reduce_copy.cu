@@ -1,6 +1,9 @@
 // reduce_copy_device against the host reduce_copy, element by element and bit for bit, for
 // the CI subset (float sum, bfloat16 sum, int32 max) over 1-3 sources, 1-3 destinations, in
-// place and not, with avg finalize for float. A plain program (no Catch2): prints a report,
+// place and not, with avg finalize for float; arrays 16-byte aligned (the kernel's packed
+// path: 16 bytes per access), all one element off (packed after a head of single
+// elements), and only the last source and destination one element off (element by
+// element), at counts that leave a partial pack. A plain program (no Catch2): prints a report,
 // returns 0 on success, 1 on a mismatch or CUDA error, 77 (Meson: SKIP) without a device.
 #include <cuda_runtime.h>
 
@@ -46,13 +49,22 @@ T input(int k, std::size_t i) {
 }
 
 // One case: nsrc inputs, ndst outputs (the first one in place on source 0 when in_place),
-// on the device and on the host, compared bit for bit.
+// on the device and on the host, compared bit for bit. Arrays start at their allocation
+// (shift::none), one element into it (shift::all), or so for the last source and the last
+// destination only (shift::last: the arrays' offsets from 16-byte boundaries differ).
+enum class shift { none, all, last };
+
 template <class T, class Op>
-void run_case(const char* name, const Op& op, int nsrc, int ndst, std::size_t count, bool in_place, int finalize_n) {
+void run_case(const char* name, const Op& op, int nsrc, int ndst, std::size_t count, bool in_place, int finalize_n,
+              shift where = shift::none) {
   ++cases;
   char label[160];
-  std::snprintf(label, sizeof label, "%s nsrc=%d ndst=%d count=%zu%s finalize_n=%d", name, nsrc, ndst, count,
-                in_place ? " in-place" : "", finalize_n);
+  std::snprintf(label, sizeof label, "%s nsrc=%d ndst=%d count=%zu%s%s finalize_n=%d", name, nsrc, ndst, count,
+                in_place ? " in-place" : "",
+                where == shift::all    ? " all-shifted"
+                : where == shift::last ? " last-shifted"
+                                       : "",
+                finalize_n);
 
   std::vector<std::vector<T>> host_src(static_cast<std::size_t>(nsrc));
   for (int k = 0; k < nsrc; ++k)
@@ -70,33 +82,40 @@ void run_case(const char* name, const Op& op, int nsrc, int ndst, std::size_t co
                                 std::span<T* const>(hd.data(), static_cast<std::size_t>(ndst)), count, finalize_n);
 
   const std::size_t bytes = count * sizeof(T);
+  // ds, dd: the allocations (one element spare); sp, dp: where the arrays start in them.
+  const auto moved = [where](int k, int n) { return where == shift::all || (where == shift::last && k == n - 1); };
   std::array<T*, 3> ds{};
   std::array<T*, 3> dd{};
+  std::array<T*, 3> sp{};
+  std::array<T*, 3> dp{};
   bool ok = true;
   for (int k = 0; k < nsrc && ok; ++k) {
-    ok = check(cudaMalloc(&ds[static_cast<std::size_t>(k)], bytes + sizeof(T)), "cudaMalloc") &&
-         check(cudaMemcpy(ds[static_cast<std::size_t>(k)], host_src[static_cast<std::size_t>(k)].data(), bytes,
-                          cudaMemcpyHostToDevice),
-               "cudaMemcpy to device");
+    const auto u = static_cast<std::size_t>(k);
+    ok = check(cudaMalloc(&ds[u], bytes + sizeof(T)), "cudaMalloc");
+    if (!ok) break;
+    T* start = ds[u] + (moved(k, nsrc) ? 1 : 0);
+    sp[u] = start;
+    ok = check(cudaMemcpy(start, host_src[u].data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
   }
   for (int k = 0; k < ndst && ok; ++k) {
+    const auto u = static_cast<std::size_t>(k);
     if (k == 0 && in_place) {
-      dd[0] = ds[0];
+      dp[0] = sp[0];  // source 0's start, shifted or not
       continue;
     }
-    ok = check(cudaMalloc(&dd[static_cast<std::size_t>(k)], bytes + sizeof(T)), "cudaMalloc") &&
-         check(cudaMemset(dd[static_cast<std::size_t>(k)], 0xa5, bytes + sizeof(T)), "cudaMemset");
+    ok = check(cudaMalloc(&dd[u], bytes + sizeof(T)), "cudaMalloc") &&
+         check(cudaMemset(dd[u], 0xa5, bytes + sizeof(T)), "cudaMemset");
+    dp[u] = dd[u] + (moved(k, ndst) ? 1 : 0);
   }
   if (ok) {
-    const std::array<const T*, 3> cs{ds[0], ds[1], ds[2]};
-    ok = check(plait::kernel::reduce_copy_device<T>(op, cs.data(), nsrc, dd.data(), ndst, count, finalize_n, nullptr),
+    ok = check(plait::kernel::reduce_copy_device<T>(op, sp.data(), nsrc, dp.data(), ndst, count, finalize_n, nullptr),
                label) &&
          check(cudaDeviceSynchronize(), label);
   }
   int bad = 0;
   for (int k = 0; k < ndst && ok; ++k) {
     std::vector<T> got(count);
-    ok = check(cudaMemcpy(got.data(), dd[static_cast<std::size_t>(k)], bytes, cudaMemcpyDeviceToHost),
+    ok = check(cudaMemcpy(got.data(), dp[static_cast<std::size_t>(k)], bytes, cudaMemcpyDeviceToHost),
                "cudaMemcpy to host");
     const T* want = hd[static_cast<std::size_t>(k)];
     for (std::size_t i = 0; ok && i < count; ++i) {
@@ -120,6 +139,12 @@ void sweep(const char* name, const Op& op, int finalize_n = 0) {
     for (int nsrc = 1; nsrc <= 3; ++nsrc)
       for (int ndst = 1; ndst <= 3; ++ndst)
         for (bool in_place : {false, true}) run_case<T>(name, op, nsrc, ndst, count, in_place, finalize_n);
+  // Arrays off 16-byte boundaries; 4099 leaves a partial pack too.
+  for (int nsrc = 1; nsrc <= 3; ++nsrc)
+    for (int ndst = 1; ndst <= 3; ++ndst)
+      for (bool in_place : {false, true})
+        for (shift where : {shift::all, shift::last})
+          run_case<T>(name, op, nsrc, ndst, 4099, in_place, finalize_n, where);
 }
 
 }  // namespace
