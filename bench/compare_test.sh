@@ -29,7 +29,8 @@ while b <= size(o["-e"]):
     sizes.append(b)
     b = max(int(b * float(o["-f"])), b + 1)
 hugetlb = "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
-speed = {"plait": 2.5}.get(lib, 1.2 if hugetlb else 1.0)
+speed = {"plait": 2.5, "tcp-ceiling": 3.0}.get(lib, 1.2 if hugetlb else 1.0)
+speed = float(os.environ.get("FAKE_SPEED_" + lib.upper().replace("-", "_"), speed))
 factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(o["-o"], (n - 1) / n)
 rows = []
 for s in sizes:
@@ -66,7 +67,13 @@ cat >"$tmp/run.sh" <<EOF
 [ "\$5" = -- ] && [ -d "\$4" ] || exit 2
 exec python3 "$tmp/fakebench.py" "\$1" "\$3" "\$2" "\${@:6}"
 EOF
-chmod +x "$tmp/build/tools/plaitrun" "$tmp/build/bench/plait-bench" "$tmp/build/bench/peers/gloo/peer-gloo-bench"
+cat >"$tmp/build/bench/tcp-ceiling" <<EOF
+#!/usr/bin/env bash
+[ "\$1" = -N ] && [ "\$2" = 2 ] || exit 2
+exec python3 "$tmp/fakebench.py" tcp-ceiling "\$2" tcp "\${@:3}"
+EOF
+chmod +x "$tmp/build/tools/plaitrun" "$tmp/build/bench/plait-bench" "$tmp/build/bench/peers/gloo/peer-gloo-bench" \
+  "$tmp/build/bench/tcp-ceiling"
 
 # 1. The CI run: every library, both transports, 2 and 4 ranks, all collectives.
 out=$tmp/quick
@@ -94,6 +101,14 @@ grep -q 'gloo: timed out after 3 s: r1 tcp n=4 broadcast' "$md" || fail "gloo ti
 ls "$out"/raw/1_tcp_*_mpich.log >/dev/null || fail "no log of the failed runs"
 head -c 8 "$out/compare.png" | grep -q PNG || fail "no compare.png"
 grep -q 'FAILED, exit 1' "$tmp/quick.err" || fail "no failure on stderr"
+# The ceiling: tcp with 2 ranks only, its own columns, never a peer.
+table() { sed -n "/^### $1\$/,/^### /p" "$md"; }
+table 'tcp, 2 ranks, broadcast' | grep -q '^| size .*| tcp-ceiling GB/s | .*| plait/best peer | plait/tcp-ceiling |$' ||
+  fail "no tcp-ceiling columns in the 2-rank tcp table"
+table 'tcp, 2 ranks, broadcast' | grep -q '^| 64K | 12.50 | 104% | 5.00 | .* | 15.00 | .* | 2.08x | 0.83x |$' ||
+  fail "the ceiling is counted as a peer, or its ratio is wrong"
+table 'tcp, 4 ranks, broadcast' | grep -q 'tcp-ceiling' && fail "tcp-ceiling ran with 4 ranks"
+table 'shm, 2 ranks, broadcast' | grep -q 'tcp-ceiling' && fail "tcp-ceiling ran over shm"
 
 # 2. Filter, a missing binary, uneven sizes (4K..12K by 3, then 40K alone, then 2M: the
 #    latency-bound sizes below 1M with 10x the calls), two rounds rotating.
@@ -116,4 +131,12 @@ grep -q -- '-w 0 -n 20 (sizes below 1M: -w 0 -n 200)' "$md" || fail "the calls p
   fail "round 1 does not start with plait"
 [ "$(grep -m1 'round 2/2 .*\.\.\.$' "$tmp/small.err" | grep -o '[a-z+]*\ \.\.\.$')" = "openmpi ..." ] ||
   fail "round 2 does not run the cycle backwards, from the configuration after the first"
+
+# 3. A tcp target missed where the ceiling itself is below the target ratio over the peer.
+out=$tmp/cap
+FAKE_SPEED_PLAIT=1.2 FAKE_SPEED_TCP_CEILING=1.4 "$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" \
+  --out "$out" --libraries plait,openmpi,tcp-ceiling --transports tcp --ranks 2 --collectives broadcast \
+  --sizes 1M --rounds 1 --warmup 0 --iters 1 2>"$tmp/cap.err" || { cat "$tmp/cap.err" >&2; fail "ceiling compare exited $?"; }
+grep -q '^- 4\. tcp broadcast busbw >= 1.5x openmpi .*n=2 1M 1.20 (<1.5; ceiling 1.40, beyond it).*→ \*\*not met\*\* (1 of the 1 failing points beyond the tcp ceiling)$' \
+  "$out/compare.md" || fail "a target beyond the ceiling is not said so"
 echo "compare_test: OK"
