@@ -198,9 +198,19 @@ int run(int rank, const bench::options& o, control ctl, int fd_auto, int fd_big)
   const std::size_t top = sizes.empty() ? 0 : sizes.back();
   std::vector<char> src(std::max<std::size_t>(top, 1), 1), dst(std::max<std::size_t>(top, 1), 0);  // touched now
 
+  // What the kernel gave for the 4 MiB asked (capped by net.core.wmem_max / rmem_max;
+  // getsockopt reports twice the size, bookkeeping included).
+  int given_snd = 0, given_rcv = 0;
+  socklen_t len = sizeof given_snd;
+  ::getsockopt(fd_big, SOL_SOCKET, SO_SNDBUF, &given_snd, &len);
+  len = sizeof given_rcv;
+  ::getsockopt(fd_big, SOL_SOCKET, SO_RCVBUF, &given_rcv, &len);
   bench::report rep(o, "tcp-ceiling", "0.1", 2,
                     "2 processes bound to CPUs 0 and 1, loopback TCP (TCP_NODELAY), no framing; per size the best of "
-                    "write 64K/256K/1M/4M x read (write size, all) x buffers (auto, 4 MiB) x wait (poll, spin)",
+                    "write 64K/256K/1M/4M x read (write size, all) x buffers (the kernel's autotuned, or "
+                    "SO_SNDBUF = SO_RCVBUF = 4 MiB asked: getsockopt gives " +
+                        std::to_string(given_snd >> 10) + "K / " + std::to_string(given_rcv >> 10) +
+                        "K) x wait (poll, spin)",
                     rank == 0);
   rep.header();
   for (std::size_t i = 0; i < sizes.size(); ++i) {
