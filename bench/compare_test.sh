@@ -139,4 +139,10 @@ FAKE_SPEED_PLAIT=1.2 FAKE_SPEED_TCP_CEILING=1.4 "$here/compare" --build "$tmp/bu
   --sizes 1M --rounds 1 --warmup 0 --iters 1 2>"$tmp/cap.err" || { cat "$tmp/cap.err" >&2; fail "ceiling compare exited $?"; }
 grep -q '^- 4\. tcp broadcast busbw >= 1.5x openmpi .*n=2 1M 1.20 (<1.5; ceiling 1.40, beyond it).*→ \*\*not met\*\* (1 of the 1 failing points beyond the tcp ceiling)$' \
   "$out/compare.md" || fail "a target beyond the ceiling is not said so"
+# ... and where plait passed the ceiling, the ceiling is no bound.
+FAKE_SPEED_PLAIT=1.2 FAKE_SPEED_TCP_CEILING=1.1 "$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" \
+  --out "$out" --libraries plait,openmpi,tcp-ceiling --transports tcp --ranks 2 --collectives broadcast \
+  --sizes 1M --rounds 1 --warmup 0 --iters 1 2>"$tmp/cap.err" || { cat "$tmp/cap.err" >&2; fail "ceiling compare exited $?"; }
+grep -q '^- 4\. tcp broadcast busbw >= 1.5x openmpi .*n=2 1M 1.20 (<1.5; ceiling 1.10, passed by plait: no bound here).*→ \*\*not met\*\*$' \
+  "$out/compare.md" || fail "a ceiling plait passed is taken for a bound"
 echo "compare_test: OK"

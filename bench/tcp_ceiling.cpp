@@ -18,7 +18,11 @@
 // Nothing else: no framing, no slots, no schedule, no data check.
 // Each size is run under every setting of a grid, and the best is reported:
 //   write size  64K, 256K, 1M, 4M (at most the payload);
-//   read size   as the write size, or all that is still to come;
+//   landing     straight into the destination (each recv asks for all that is still to
+//               come), or through a bounce buffer that stays in cache: each recv takes at
+//               most the write size there, and plait's copy loop moves it on, or adds it
+//               to the rank's input on the way where the collective reduces (the reduce
+//               fused with the landing, as plait's kernel reads a slot);
 //   buffers     the kernel's (autotuned), or SO_SNDBUF = SO_RCVBUF = 4 MiB;
 //   waiting     poll(2) when a socket would block, or spin on non-blocking calls.
 // Times and busbw as every benchmark in bench/ (bench_report.hpp): each rank's median
@@ -35,6 +39,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -42,6 +47,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <plait/kernel/copy.hpp>
 
 #include "bench_report.hpp"
 
@@ -58,14 +65,43 @@ constexpr std::size_t chunk_sizes[] = {std::size_t{64} << 10, std::size_t{256} <
 
 struct setting {
   std::size_t write = 0;
-  bool read_all = false;  // read all that is still to come (else at most `write`)
-  bool big = false;       // SO_SNDBUF = SO_RCVBUF = 4 MiB (else the kernel's)
-  bool spin = false;      // spin on non-blocking calls (else poll)
+  bool bounce = false;  // land through a bounce buffer (else straight into the destination)
+  bool big = false;     // SO_SNDBUF = SO_RCVBUF = 4 MiB (else the kernel's)
+  bool spin = false;    // spin on non-blocking calls (else poll)
 
   std::string text() const {
-    std::string s = "write " + std::to_string(write >> 10) + "K, read " +
-                    (read_all ? std::string("all") : std::to_string(write >> 10) + "K");
-    return s + ", buffers " + (big ? "4M" : "auto") + ", " + (spin ? "spin" : "poll");
+    return "write " + std::to_string(write >> 10) + "K, " + (bounce ? "through a bounce buffer" : "landing direct") +
+           ", buffers " + (big ? "4M" : "auto") + ", " + (spin ? "spin" : "poll");
+  }
+};
+
+// out[i] = a[i] + b[i]: the one reduce pass (vectorised: the file is built at -O3).
+void add(float* out, const float* a, const float* b, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// Where the received stream goes: byte p of it to dst[p], or, for p in [add_lo, add_hi)
+// (multiples of 4), the float sum of it and add_to[p] to dst[p].
+struct landing {
+  char* dst = nullptr;
+  const char* add_to = nullptr;
+  std::size_t add_lo = 0, add_hi = 0;
+  char* bounce = nullptr;  // the bounce buffer (the write size and 4 bytes more)
+
+  // Stream bytes [pos, pos + n) are at p: copied or added on to their place.
+  void put(std::size_t pos, const char* p, std::size_t n) const {
+    const std::size_t lo = std::clamp(add_lo, pos, pos + n), hi = std::clamp(add_hi, pos, pos + n);
+    if (lo > pos) plait::kernel::copy_bytes(dst + pos, p, lo - pos);
+    if (hi > lo)
+      add(reinterpret_cast<float*>(dst + lo), reinterpret_cast<const float*>(add_to + lo),
+          reinterpret_cast<const float*>(p + (lo - pos)), (hi - lo) / sizeof(float));
+    if (pos + n > hi) plait::kernel::copy_bytes(dst + hi, p + (hi - pos), pos + n - hi);
+  }
+  // After a direct landing: the sum pass over [add_lo, add_hi), in place.
+  void finish_direct() const {
+    if (add_hi > add_lo)
+      add(reinterpret_cast<float*>(dst + add_lo), reinterpret_cast<const float*>(add_to + add_lo),
+          reinterpret_cast<const float*>(dst + add_lo), (add_hi - add_lo) / sizeof(float));
   }
 };
 
@@ -98,8 +134,9 @@ void set_nonblocking(int fd) {
 
 // Sends `out` bytes of `src` and receives `in` bytes into `dst` on one socket at once,
 // as the setting says. A call that makes no progress for 30 s is an error.
-void move(int fd, const char* src, std::size_t out, char* dst, std::size_t in, const setting& s) {
+void move(int fd, const char* src, std::size_t out, const landing& to, std::size_t in, const setting& s) {
   std::size_t sent = 0, got = 0;
+  std::size_t carry = 0;  // bytes in the bounce buffer not yet put (less than a float)
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (sent < out || got < in) {
     bool progress = false;
@@ -113,11 +150,18 @@ void move(int fd, const char* src, std::size_t out, char* dst, std::size_t in, c
       }
     }
     if (got < in) {
-      const std::size_t want = s.read_all ? in - got : std::min(s.write, in - got);
-      const ssize_t k = ::recv(fd, dst + got, want, MSG_DONTWAIT);
+      char* at = s.bounce ? to.bounce + carry : to.dst + got;
+      const ssize_t k = ::recv(fd, at, s.bounce ? std::min(s.write, in - got) : in - got, MSG_DONTWAIT);
       if (k > 0) {
         got += static_cast<std::size_t>(k);
         progress = true;
+        if (s.bounce) {  // whole floats on, the rest kept for the next recv (all of it at the end)
+          const std::size_t have = carry + static_cast<std::size_t>(k);
+          const std::size_t n = got == in ? have : have / sizeof(float) * sizeof(float);
+          to.put(got - have, to.bounce, n);
+          carry = have - n;
+          std::memmove(to.bounce, to.bounce + n, carry);
+        }
       } else if (k == 0) {
         errno = ECONNRESET;
         die("recv (the other rank closed)");
@@ -138,6 +182,7 @@ void move(int fd, const char* src, std::size_t out, char* dst, std::size_t in, c
       if (::poll(&p, 1, 1000) < 0 && errno != EINTR) die("poll");
     }
   }
+  if (!s.bounce) to.finish_direct();
 }
 
 // Bytes each rank sends and receives per call: {rank 0 out, rank 0 in}; rank 1 mirrors.
@@ -147,30 +192,20 @@ std::pair<std::size_t, std::size_t> traffic(const std::string& op, std::size_t b
   return {bytes / 2, bytes / 2};
 }
 
-// out[i] = a[i] + b[i]: the one reduce pass (vectorised: the file is built at -O3).
-void add(float* out, const float* a, const float* b, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
 // One call of `op` on `rank`: its bytes through the socket and its local memory work.
 // src and dst hold `bytes`, scratch half of them.
-void one_call(const std::string& op, int rank, int fd, char* src, char* dst, char* scratch, std::size_t bytes,
+void one_call(const std::string& op, int rank, int fd, char* src, char* dst, char* bounce, std::size_t bytes,
               std::size_t out, std::size_t in, const setting& s) {
-  const std::size_t half = bytes / 2;
+  const std::size_t half = bytes / 2, mine = rank == 0 ? 0 : half, theirs = half - mine;
   if (op == "broadcast") {
-    move(fd, src, out, dst, in, s);
-  } else if (op == "all_gather") {
-    std::memcpy(dst + (rank == 0 ? 0 : half), src, half);
-    move(fd, src, half, dst + (rank == 0 ? half : 0), half, s);
-  } else if (op == "reduce_scatter") {
-    move(fd, src + (rank == 0 ? half : 0), half, scratch, half, s);
-    add(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src + (rank == 0 ? 0 : half)),
-        reinterpret_cast<const float*>(scratch), half / sizeof(float));
-  } else {  // all_reduce
-    move(fd, src, bytes, dst, bytes, s);
-    char* mine = dst + (rank == 0 ? 0 : half);
-    add(reinterpret_cast<float*>(mine), reinterpret_cast<const float*>(src + (rank == 0 ? 0 : half)),
-        reinterpret_cast<const float*>(mine), half / sizeof(float));
+    move(fd, src, out, landing{dst, nullptr, 0, 0, bounce}, in, s);
+  } else if (op == "all_gather") {  // own block into the output, the other's received into its block
+    plait::kernel::copy_bytes(dst + mine, src, half);
+    move(fd, src, half, landing{dst + theirs, nullptr, 0, 0, bounce}, half, s);
+  } else if (op == "reduce_scatter") {  // the other's part of my half, added to mine into the output
+    move(fd, src + theirs, half, landing{dst, src + mine, 0, half, bounce}, half, s);
+  } else {  // all_reduce: all of the other's buffer, my half added to mine
+    move(fd, src, bytes, landing{dst, src, mine, mine + half, bounce}, bytes, s);
   }
 }
 
@@ -230,7 +265,7 @@ int run(int rank, const bench::options& o, control ctl, int fd_auto, int fd_big)
   const std::size_t top = sizes.empty() ? 0 : sizes.back();
   // Touched now, not while timing.
   std::vector<char> src(std::max<std::size_t>(top, 1), 1), dst(std::max<std::size_t>(top, 1), 0),
-      scratch(std::max<std::size_t>(top / 2, 1), 0);
+      bounce(chunk_sizes[std::size(chunk_sizes) - 1] + sizeof(float), 0);
 
   // What the kernel gave for the 4 MiB asked (capped by net.core.wmem_max / rmem_max;
   // getsockopt reports twice the size, bookkeeping included).
@@ -239,14 +274,14 @@ int run(int rank, const bench::options& o, control ctl, int fd_auto, int fd_big)
   ::getsockopt(fd_big, SOL_SOCKET, SO_SNDBUF, &given_snd, &len);
   len = sizeof given_rcv;
   ::getsockopt(fd_big, SOL_SOCKET, SO_RCVBUF, &given_rcv, &len);
-  bench::report rep(o, "tcp-ceiling", "0.1", 2,
-                    "2 processes bound to CPUs 0 and 1, loopback TCP (TCP_NODELAY), the bytes and local memory work "
-                    "the collective must do (own block copied, one float-sum pass), no framing; per size the best of "
-                    "write 64K/256K/1M/4M x read (write size, all) x buffers (the kernel's autotuned, or "
-                    "SO_SNDBUF = SO_RCVBUF = 4 MiB asked: getsockopt gives " +
-                        std::to_string(given_snd >> 10) + "K / " + std::to_string(given_rcv >> 10) +
-                        "K) x wait (poll, spin)",
-                    rank == 0);
+  bench::report rep(
+      o, "tcp-ceiling", "0.1", 2,
+      "2 processes bound to CPUs 0 and 1, loopback TCP (TCP_NODELAY), the bytes and local memory work "
+      "the collective must do (own block copied, one float-sum pass), no framing; per size the best of "
+      "write 64K/256K/1M/4M x landing (direct, through a bounce buffer) x buffers (the kernel's autotuned, or "
+      "SO_SNDBUF = SO_RCVBUF = 4 MiB asked: getsockopt gives " +
+          std::to_string(given_snd >> 10) + "K / " + std::to_string(given_rcv >> 10) + "K) x wait (poll, spin)",
+      rank == 0);
   rep.header();
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     rep.progress(i, sizes.size(), sizes[i]);
@@ -261,14 +296,14 @@ int run(int rank, const bench::options& o, control ctl, int fd_auto, int fd_big)
     for (std::size_t c : chunk_sizes) {
       const std::size_t payload = std::max(out, in);
       const std::size_t write = std::min(c, std::max<std::size_t>(payload, 1));
-      for (bool read_all : {false, true})
+      for (bool through_bounce : {false, true})
         for (bool big : {false, true})
           for (bool spin : {false, true}) {
-            const setting s{write, read_all, big, spin};
+            const setting s{write, through_bounce, big, spin};
             const int fd = big ? fd_big : fd_auto;
             const bench::timed_calls t = bench::time_calls(
                 o.warmup, o.iters,
-                [&] { one_call(o.op, rank, fd, src.data(), dst.data(), scratch.data(), bytes, out, in, s); },
+                [&] { one_call(o.op, rank, fd, src.data(), dst.data(), bounce.data(), bytes, out, in, s); },
                 [&] { ctl.barrier(); });
             double mine = bench::median(t.us), theirs = 0;
             long their_faults = 0;
