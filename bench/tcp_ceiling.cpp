@@ -1,6 +1,6 @@
-// tcp-ceiling: the fastest two processes on this host do what a 2-rank collective must
-// do over loopback TCP sockets, per size: move its bytes, plus the memory work no
-// implementation can skip; the ceiling plait's tcp transport (or any library over TCP)
+// tcp-ceiling: how fast two processes on this host do what a 2-rank collective must do
+// over loopback TCP sockets, per size: move its bytes, plus the memory work no
+// implementation can skip. The ceiling plait's tcp transport (or any library over TCP)
 // works under here.
 //
 // Usage: tcp-ceiling [-N 2] [common bench options: -o -b -e -f -w -n -J ...]
@@ -8,14 +8,14 @@
 // loopback TCP connections; no library, no framing, no data check. Per call:
 //   broadcast       rank 0 sends S bytes, rank 1 receives them into its buffer;
 //   all_gather      each rank copies its S/2 bytes into its block of the output (out of
-//                   place, as measured) and swaps S/2 with the other, received straight
-//                   into the output;
-//   reduce_scatter  each rank sends the S/2 bytes the other owns and receives S/2, then
-//                   adds them to its own half into the output (one pass of a float sum);
+//                   place, as measured) and swaps S/2 with the other, received into the
+//                   other block;
+//   reduce_scatter  each rank sends the S/2 bytes the other owns and receives S/2, summed
+//                   with its own half into the output (one pass of a float sum);
 //   all_reduce      each rank sends and receives S bytes (every algorithm for 2 ranks moves
 //                   at least that: each rank must hear about every element of the other),
-//                   then adds one half (S/2: the ranks share the reduction).
-// Nothing else: no framing, no slots, no schedule, no data check.
+//                   summing one half (S/2: the ranks share the reduction).
+// No framing, no slots, no schedule.
 // Each size is run under every setting of a grid, and the best is reported:
 //   write size  64K, 256K, 1M, 4M (at most the payload);
 //   landing     straight into the destination (each recv asks for all that is still to
