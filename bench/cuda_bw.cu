@@ -60,11 +60,8 @@ float median_ms(F f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;  // left unwritten when the call fails (no driver, for instance)
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+  if (const char* why = plait::kernel::no_device_reason()) {
+    std::printf("SKIP: no CUDA device (%s)\n", why);
     return 77;
   }
   const long mib = argc > 1 ? std::atol(argv[1]) : 1024;

@@ -150,11 +150,8 @@ void sweep(const char* name, const Op& op, int finalize_n = 0) {
 }  // namespace
 
 int main() {
-  int devices = 0;  // left unwritten when the call fails (no driver, for instance)
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+  if (const char* why = plait::kernel::no_device_reason()) {
+    std::printf("SKIP: no CUDA device (%s)\n", why);
     return 77;
   }
   cudaDeviceProp prop{};

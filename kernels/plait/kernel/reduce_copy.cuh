@@ -173,6 +173,16 @@ cudaError_t launch_reduce_copy(const Op& op, const device_fan<T>& fan, int nsrc,
 
 }  // namespace detail
 
+// Why this process cannot use a CUDA device, or nullptr when it can. A failed
+// cudaGetDeviceCount (no driver: cudaErrorInsufficientDriver) counts as no device; it
+// leaves the count unwritten, so the count starts at 0. Never throws.
+inline const char* no_device_reason() noexcept {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  return devices == 0 ? "cudaGetDeviceCount returned 0" : nullptr;
+}
+
 template <class T, class Op>
 requires reduce_op<Op, T> cudaError_t reduce_copy_device(const Op& op, const T* const* srcs, int nsrc, T* const* dsts,
                                                          int ndst, std::size_t count, int finalize_n,
