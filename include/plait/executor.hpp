@@ -13,12 +13,16 @@
 // bytes have left: no later step writes over it, and the call is done only then.
 // A transport that lends the memory instead (shm's single copy: the receiver copies
 // from it) is used so only where that pays (lending_pays), and a receiver copies
-// such a slot straight into its output (link_set::receive_into).
+// such a slot straight into its output (link_set::receive_into). Where the transport
+// can receive into the caller's memory (tcp), a frame that a step will only copy into
+// the output is asked, a few steps ahead, to land there straight from the socket
+// (link_set::expect); the step then has nothing left to copy.
 // Every received slot is checked against the call: a different call description is
 // `mismatch` naming both sides; an error notice from a peer is `mismatch` naming it.
 // Not thread-safe: one call is driven by one thread at a time.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -50,7 +54,8 @@ struct call {
   alignas(16) std::byte op[64] = {};  // a copy of the op functor (trivially copyable)
   int finalize_n = 1;                 // n for finalize (avg divides by it)
   clock::time_point deadline{};
-  std::size_t next = 0;  // first step not yet done
+  std::size_t next = 0;       // first step not yet done
+  std::size_t land_next = 0;  // first step not yet looked at for a landing (expect_landings)
   // Steps not yet done that send to / receive from each peer: a later call may use
   // a peer's FIFO only once every earlier call is done with it (per-pair order).
   std::vector<std::uint32_t> sends_left, recvs_left;
@@ -126,6 +131,7 @@ class executor {
     while (c.next < c.steps.size()) {
       const step& s = c.steps[c.next];
       if (!earlier.empty() && blocked_by(s, earlier)) return false;
+      if (earlier.empty() && links_ != nullptr) expect_landings(c);
       if (!try_step(c, s)) return false;
       for (int p : s.send_peer)
         if (p >= 0) --c.sends_left[static_cast<std::size_t>(p)];
@@ -142,6 +148,8 @@ class executor {
   // Lending (a send by reference, link_set::sends_by_reference) pays for every call
   // of a copy-only collective from this size (the whole call's bytes).
   static constexpr std::size_t lend_from_call_bytes = 8 * 1024 * 1024;
+  // How far ahead of the next step frames are asked to land in the output.
+  static constexpr std::size_t landing_lookahead = 16;
 
   // Throws if the call cannot go on: aborted, past its deadline, or a peer it waits
   // on has failed. Called between advances, while waiting.
@@ -202,6 +210,56 @@ class executor {
       return false;
     const std::size_t bytes = c.desc.count * c.elem_size * (gather ? static_cast<std::size_t>(size_) : 1);
     return lend_always_ || (bytes >= lend_from_call_bytes && (gather || oversubscribed_));
+  }
+
+  // Asks the transport to land in the output the frames of the steps ahead that only
+  // copy one received slot there (link_set::expect). Only for a call with no earlier
+  // one in flight, so that the frames still to come from each peer are this call's,
+  // in step order. Each step is looked at once; a frame beyond the peer's window is
+  // asked for again when this runs next.
+  void expect_landings(call& c) {
+    if (c.land_next < c.next) c.land_next = c.next;
+    const std::size_t end = std::min(c.steps.size(), c.next + landing_lookahead);
+    for (; c.land_next < end; ++c.land_next) {
+      const step& s = c.steps[c.land_next];
+      std::byte* out = landing_place(c, s);
+      if (out == nullptr) continue;
+      const int p = s.recv_peer[0];
+      std::size_t ahead = 0;  // frames from p before this one, for the steps before it
+      for (std::size_t i = c.next; i < c.land_next; ++i)
+        for (int q : c.steps[i].recv_peer) ahead += q == p ? 1 : 0;
+      slot_header h;
+      h.bytes = static_cast<std::uint32_t>(s.count * c.elem_size);
+      h.sender = p;
+      h.desc = c.desc;
+      if (links_->expect(p, ahead, h, out) == link_set::expectation::later) return;
+    }
+  }
+
+  // Where step `s` (the one at c.land_next) may have its frame land: its output
+  // region, when the step only copies one received slot there and sends nothing
+  // from a slot, and when nothing before it in this call (the steps not yet done,
+  // the sends still reading the caller's memory) reads or writes that region; else
+  // null. Small slices go through staging anyway (below min_send_from_memory).
+  std::byte* landing_place(call& c, const step& s) {
+    if (s.recvs() != 1 || s.recv_peer[0] < 0 || s.src != region::none || s.finalize || !s.write_output) return nullptr;
+    const std::size_t bytes = s.count * c.elem_size;
+    if (bytes < min_send_from_memory || !links_->receives_into_memory(s.recv_peer[0])) return nullptr;
+    for (int q : s.send_peer)
+      if (q >= 0 && (!links_->sends_from_memory(q) || links_->sends_by_reference(q))) return nullptr;
+    std::byte* out = c.output + s.out_offset * c.elem_size;
+    std::byte* const end = out + bytes;
+    auto overlaps = [&](const std::byte* b, std::size_t n) { return b < end && out < b + n; };
+    for (std::size_t i = c.next; i < c.land_next; ++i) {
+      const step& e = c.steps[i];
+      const std::size_t n = e.count * c.elem_size;
+      if (e.src != region::none &&
+          overlaps((e.src == region::input ? c.input : c.output) + e.src_offset * c.elem_size, n))
+        return nullptr;
+      if (e.write_output && overlaps(c.output + e.out_offset * c.elem_size, n)) return nullptr;
+    }
+    if (!c.pending.empty() && !drained(c, out, end)) return nullptr;
+    return out;
   }
 
   static bool blocked_by(const step& s, std::span<call* const> earlier) {
@@ -277,7 +335,10 @@ class executor {
     // Ready: every slot is here and every outgoing slot free. A plain copy of one
     // slot still in the sender's memory into the output goes straight from there.
     const bool plain_copy = nr == 1 && local == nullptr && !s.finalize && out != nullptr && nd == 0;
-    if (!(plain_copy && s.count > 0 && received[0] == nullptr && links_->receive_into(recv_from[0], out, bytes))) {
+    if (plain_copy && received[0] == out) {
+      // it landed there (expect_landings)
+    } else if (!(plain_copy && s.count > 0 && received[0] == nullptr &&
+                 links_->receive_into(recv_from[0], out, bytes))) {
       for (int i = 0; i < nr; ++i) {
         if (local != nullptr && i == s.src_pos) srcs[ns++] = local, local = nullptr;
         srcs[ns++] = received[i] != nullptr ? received[i] : links_->fetch(recv_from[i]);

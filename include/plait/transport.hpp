@@ -179,6 +179,31 @@ class link_set {
     return false;
   }
 
+  // Receives into the caller's memory (optional; the defaults say no). Where
+  // receives_into_memory(peer) holds, expect() asks that a data frame still to come
+  // from `peer` land straight in `dst` instead of a slot: the frame after the `ahead`
+  // ones from that peer not yet released. It lands only if its header equals `header`
+  // in everything but offset and reserved (magic, version, flags, bytes, sender and
+  // the call), checked before any byte is written; otherwise it goes to its slot as
+  // usual. Either way peek() shows it, and its payload pointer is `dst` when it
+  // landed there. later: beyond the window of frames the peer may send now, ask
+  // again once slots are released; passed: it cannot land (it has arrived already,
+  // or no such path). detach() (below, with the send side) also undoes every
+  // expectation, so that nothing more is written into the caller's memory: a frame
+  // landed or landing there goes on in its slot.
+  enum class expectation { posted, later, passed };
+  virtual bool receives_into_memory(int peer) const {
+    (void)peer;
+    return false;
+  }
+  virtual expectation expect(int peer, std::size_t ahead, const detail::slot_header& header, std::byte* dst) {
+    (void)peer;
+    (void)ahead;
+    (void)header;
+    (void)dst;
+    return expectation::passed;
+  }
+
   // Throws plait::error if the link to `peer` has failed (dead peer, protocol error).
   virtual void health(int peer) = 0;
 

@@ -140,7 +140,55 @@ void mismatch_suite() {
   });
 }
 
+// A peer's frame for another call never reaches this rank's output, even where
+// frames land straight in the output (tcp: link_set::expect): 2 ranks, all_gather
+// with 256 KiB shards in 64 KiB slices, one rank by the ring and one by direct (so
+// every frame header names another algorithm). Each rank's output for the peer's
+// shard must still hold what the caller put there.
+template <class Tr>
+void mismatched_frames_never_land() {
+  rank_options opt;
+  opt.timeout = "3";
+  opt.slice_bytes = "64K";
+  opt.copy_slice_bytes = "64K";
+  constexpr std::size_t shard = 64 * 1024;
+  auto results = run_ranks<Tr>(
+      2,
+      [&](plait::communicator<Tr>& c) {
+        std::vector<float> in(shard, static_cast<float>(c.rank() + 1)), out(2 * shard, -7.0f);
+        const blob failure = first_failure(c, [&](plait::communicator<Tr>& k) {
+          if (k.rank() == 0)
+            plait::all_gather<plait::ring>(k, std::span<const float>(in), std::span<float>(out));
+          else
+            plait::all_gather<plait::direct>(k, std::span<const float>(in), std::span<float>(out));
+        });
+        const std::size_t peer = static_cast<std::size_t>(1 - c.rank());
+        std::size_t changed = 0;
+        for (std::size_t i = peer * shard; i < (peer + 1) * shard; ++i) changed += out[i] != -7.0f ? 1 : 0;
+        const std::string s = "changed " + std::to_string(changed);
+        return std::vector<blob>{failure, blob(reinterpret_cast<const std::byte*>(s.data()),
+                                               reinterpret_cast<const std::byte*>(s.data() + s.size()))};
+      },
+      opt);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    const auto& res = results[static_cast<std::size_t>(r)];
+    REQUIRE(res.error == "");
+    REQUIRE(res.blobs.size() == 2);
+    const std::string failed(reinterpret_cast<const char*>(res.blobs[0].data()), res.blobs[0].size());
+    const std::string changed(reinterpret_cast<const char*>(res.blobs[1].data()), res.blobs[1].size());
+    INFO(failed);
+    CHECK(failed.rfind("mismatch|", 0) == 0);
+    CHECK(changed == "changed 0");
+  }
+}
+
 }  // namespace
+
+TEST_CASE("a mismatched peer's frames never reach the output, over shm and tcp", "[mismatch]") {
+  SECTION("shm") { mismatched_frames_never_land<plait::transport::shm>(); }
+  SECTION("tcp") { mismatched_frames_never_land<plait::transport::tcp>(); }
+}
 
 TEST_CASE("mismatched calls fail with mismatch on every rank over shm", "[mismatch][shm]") {
   mismatch_suite<plait::transport::shm>();

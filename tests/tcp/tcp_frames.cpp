@@ -225,6 +225,113 @@ TEST_CASE("tcp bytes move in the waiting thread and in the link set's own, hande
   CAPTURE(result[0], result[1]);
 }
 
+TEST_CASE("tcp a frame expected in the caller's memory lands there only with the header expected; detach() undoes it",
+          "[tcp][frames]") {
+  using expectation = plait::link_set::expectation;
+  raw_peer t;
+  REQUIRE(t.links->receives_into_memory(1));
+  constexpr std::uint32_t n = 200;
+  std::vector<std::byte> user(n, std::byte{0xee});
+  auto untouched = [&](std::size_t from) {
+    for (std::size_t j = from; j < n; ++j)
+      if (user[j] != std::byte{0xee}) return false;
+    return true;
+  };
+  auto holds_pattern = [&](const std::byte* p, std::size_t count, std::uint64_t index) {
+    for (std::size_t j = 0; j < count; ++j)
+      if (p[j] != plait::testing::pattern_byte(1, 0, index, j)) return false;
+    return true;
+  };
+
+  SECTION("the header expected: the payload is written into the caller's memory, and peek() shows it there") {
+    REQUIRE(t.links->expect(1, 0, plait::testing::pattern_header(1, 0, n), user.data()) == expectation::posted);
+    t.send_slot(n, 0, true);  // in pieces: the payload goes on into the same place
+    const slot_view v = t.wait_slot();
+    REQUIRE(v.header != nullptr);
+    CHECK(v.header->desc.sequence == 0);
+    CHECK(v.payload == user.data());
+    CHECK(holds_pattern(user.data(), n, 0));
+    t.links->release(1);
+    // The next frame was not expected: its slot, as always.
+    t.send_slot(n, 1);
+    const slot_view w = t.wait_slot();
+    REQUIRE(w.header != nullptr);
+    CHECK(w.payload != user.data());
+    CHECK(holds_pattern(w.payload, n, 1));
+  }
+  SECTION("the second frame to come, expected while the first is not yet read") {
+    REQUIRE(t.links->expect(1, 1, plait::testing::pattern_header(1, 1, n), user.data()) == expectation::posted);
+    t.send_slot(n, 0);
+    t.send_slot(n, 1);
+    REQUIRE(t.wait_slot().payload != user.data());
+    t.links->release(1);
+    const slot_view v = t.wait_slot();
+    REQUIRE(v.header != nullptr);
+    CHECK(v.payload == user.data());
+    CHECK(holds_pattern(user.data(), n, 1));
+  }
+  SECTION("any other header (another call, another length, an error notice): the slot, the memory untouched") {
+    slot_header want = plait::testing::pattern_header(1, 0, n);
+    SECTION("another call") { want.desc.sequence = 7; }
+    SECTION("another length") { want.bytes = n - 4; }
+    SECTION("another sender") { want.sender = 3; }
+    SECTION("a notice where data was expected") { want.flags = plait::detail::slot_error_notice; }
+    REQUIRE(t.links->expect(1, 0, want, user.data()) == expectation::posted);
+    t.send_slot(n, 0);
+    const slot_view v = t.wait_slot();
+    REQUIRE(v.header != nullptr);
+    CHECK(v.payload != user.data());
+    CHECK(holds_pattern(v.payload, n, 0));
+    CHECK(untouched(0));
+  }
+  SECTION("a frame beyond the window is asked for later; one already here has passed") {
+    CHECK(t.links->expect(1, depth, plait::testing::pattern_header(1, depth, n), user.data()) == expectation::later);
+    t.send_slot(n, 0);
+    REQUIRE(t.wait_slot().header != nullptr);
+    CHECK(t.links->expect(1, 0, plait::testing::pattern_header(1, 0, n), user.data()) == expectation::passed);
+    CHECK(untouched(0));
+  }
+  SECTION("detach() in the middle of a landing frame: the rest goes to the slot, which ends up whole") {
+    REQUIRE(t.links->expect(1, 0, plait::testing::pattern_header(1, 0, n), user.data()) == expectation::posted);
+    std::vector<std::byte> frame(sizeof(slot_header) + n);
+    const slot_header h = plait::testing::pattern_header(1, 0, n);
+    std::memcpy(frame.data(), &h, sizeof h);
+    plait::testing::fill_pattern(frame.data() + sizeof h, n, 1, 0, 0);
+    const std::size_t first = sizeof h + n / 2;
+    t.send(frame.data(), first);
+    const auto until = plait::clock::now() + 2s;
+    while (user[n / 2 - 1] == std::byte{0xee} && plait::clock::now() < until) std::this_thread::sleep_for(1ms);
+    REQUIRE(holds_pattern(user.data(), n / 2, 0));
+    t.links->detach();
+    t.send(frame.data() + first, frame.size() - first);
+    const slot_view v = t.wait_slot();
+    REQUIRE(v.header != nullptr);
+    CHECK(v.payload != user.data());
+    CHECK(holds_pattern(v.payload, n, 0));
+    CHECK(untouched(n / 2));
+  }
+  SECTION("detach() after a frame landed: the slot holds it, and the caller's memory is free at once") {
+    REQUIRE(t.links->expect(1, 0, plait::testing::pattern_header(1, 0, n), user.data()) == expectation::posted);
+    t.send_slot(n, 0);
+    REQUIRE(t.wait_slot().payload == user.data());
+    t.links->detach();
+    std::fill(user.begin(), user.end(), std::byte{0xee});
+    const slot_view v = t.links->peek(1);
+    REQUIRE(v.header != nullptr);
+    CHECK(v.payload != user.data());
+    CHECK(holds_pattern(v.payload, n, 0));
+  }
+  SECTION("detach() drops an expectation not yet met") {
+    REQUIRE(t.links->expect(1, 0, plait::testing::pattern_header(1, 0, n), user.data()) == expectation::posted);
+    t.links->detach();
+    t.send_slot(n, 0);
+    const slot_view v = t.wait_slot();
+    REQUIRE(v.header != nullptr);
+    CHECK(v.payload != user.data());
+    CHECK(untouched(0));
+  }
+}
+
 TEST_CASE("tcp garbage from a peer is a protocol error naming it", "[tcp][frames]") {
   struct garbage_case {
     const char* name;

@@ -40,6 +40,10 @@ class links final : public link_set {
   bool sends_by_reference(int peer) const override { return at(peer)->sends_by_reference(peer); }
   slot_view peek(int peer) override { return at(peer)->peek(peer); }
   const std::byte* fetch(int peer) override { return at(peer)->fetch(peer); }
+  bool receives_into_memory(int peer) const override { return at(peer)->receives_into_memory(peer); }
+  expectation expect(int peer, std::size_t ahead, const plait::detail::slot_header& h, std::byte* dst) override {
+    return at(peer)->expect(peer, ahead, h, dst);
+  }
   bool receive_into(int peer, std::byte* dst, std::size_t bytes) override {
     return at(peer)->receive_into(peer, dst, bytes);
   }

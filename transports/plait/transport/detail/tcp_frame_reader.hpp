@@ -97,6 +97,11 @@ class frame_reader {
   // Bytes of an unfinished frame are held (the stream ended inside a frame).
   bool mid_frame() const noexcept { return payload_left_ > 0 || end_ != begin_; }
 
+  // The payload being read now: bytes still to come, and (redirect) where they go
+  // instead, its bytes so far having been moved there by the caller.
+  std::size_t payload_left() const noexcept { return payload_left_; }
+  void redirect(std::byte* dst) noexcept { payload_dst_ = dst; }
+
  private:
   static constexpr std::size_t staging_bytes = 64 * 1024;
 

@@ -13,6 +13,10 @@
 // (credits, closing) are never stuck behind data the executor has not consumed.
 // Failures (end-of-stream, reset, garbage) are recorded once per link, with a message,
 // under a mutex; health() reads them (see tcp_link_set for when they are raised).
+// Receives into the caller's memory: the executor may expect() a frame still to come
+// (by its index on the link) to land in its output. The I/O side lands it there only
+// when its whole header is the one expected, checked before any payload byte is read;
+// peek() then shows that address as the payload. detach() undoes it all.
 #pragma once
 
 #include <linux/sockios.h>
@@ -33,6 +37,7 @@
 
 #include <plait/detail/socket.hpp>
 #include <plait/error.hpp>
+#include <plait/transport.hpp>
 #include <plait/transport/detail/tcp_frame_reader.hpp>
 #include <plait/transport/detail/tcp_wire.hpp>
 #include <plait/wire.hpp>
@@ -83,6 +88,8 @@ class tcp_link {
         send_(depth, slot_bytes),
         recv_(depth, slot_bytes),
         external_(new const std::byte*[depth]()),
+        landings_(new landing[depth]),
+        recv_dst_(new std::byte*[depth]()),
         credits_(depth) {
     plait::detail::set_nonblocking(fd_.get(), true);  // neither I/O driver may block in I/O
   }
@@ -126,7 +133,23 @@ class tcp_link {
 
   slot_view peek() const noexcept {
     if (arrived_.load(std::memory_order_acquire) == released_local_) return {};
-    return {recv_.header(released_local_), recv_.payload(released_local_)};
+    return {recv_.header(released_local_), recv_dst_[released_local_ % depth_]};
+  }
+
+  // Asks that the frame after the `ahead` arrived or to come and not yet released
+  // land in `dst` if its header is `h` (link_set::expect). Only within the window the
+  // peer may fill now (ahead < depth), so the I/O side never reads an entry that is
+  // being rewritten: the entry for index i is rewritten (for i + depth) only once
+  // frame i was released.
+  link_set::expectation expect(std::size_t ahead, const slot_header& h, std::byte* dst) noexcept {
+    if (ahead >= depth_) return link_set::expectation::later;
+    const std::uint64_t index = released_local_ + ahead;
+    if (arrived_.load(std::memory_order_acquire) > index) return link_set::expectation::passed;
+    landing& e = landings_[index % depth_];
+    e.header = h;
+    e.dst = dst;
+    e.index.store(index + 1, std::memory_order_release);
+    return link_set::expectation::posted;
   }
 
   void release() {
@@ -260,7 +283,10 @@ class tcp_link {
   }
 
   // Copies the payloads still to be sent from the caller's memory into their slots
-  // (a partly written frame continues from the slot, where the same bytes now are).
+  // (a partly written frame continues from the slot, where the same bytes now are);
+  // on the receive side, drops every expectation and moves what landed in the
+  // caller's memory into its slot (a frame half read goes on into its slot). Called
+  // by the executor's thread with the I/O side held (the link set's I/O mutex).
   void detach() noexcept {
     const std::uint64_t posted = posted_.load(std::memory_order_acquire);
     for (std::uint64_t i = sent_local_; i < posted; ++i) {
@@ -268,6 +294,12 @@ class tcp_link {
       if (ext == nullptr) continue;
       std::memcpy(send_.payload(i), ext, send_.header(i)->bytes);
       ext = nullptr;
+    }
+    for (std::size_t i = 0; i < depth_; ++i) landings_[i].index.store(0, std::memory_order_relaxed);
+    for (std::uint64_t i = released_local_; i < arrived_local_; ++i) to_slot(i, recv_.header(i)->bytes);
+    if (reader_.payload_left() > 0) {
+      const std::size_t done = recv_.header(arrived_local_)->bytes - reader_.payload_left();
+      if (to_slot(arrived_local_, done)) reader_.redirect(recv_.payload(arrived_local_) + done);
     }
   }
 
@@ -357,7 +389,32 @@ class tcp_link {
     if (arrived_local_ - released_.load(std::memory_order_acquire) >= depth_)
       return garbage("more slots than this rank granted credits for (depth " + std::to_string(depth_) + ")"), nullptr;
     std::memcpy(recv_.header(arrived_local_), &h, sizeof h);
-    return recv_.payload(arrived_local_);
+    std::byte* dst = recv_.payload(arrived_local_);
+    landing& e = landings_[arrived_local_ % depth_];
+    if (e.index.load(std::memory_order_acquire) == arrived_local_ + 1) {
+      if (same_frame(e.header, h)) dst = e.dst;
+      e.index.store(0, std::memory_order_relaxed);
+    }
+    recv_dst_[arrived_local_ % depth_] = dst;
+    return dst;
+  }
+
+  // Whether a frame's header is the one expected: all but the offset (the sender's
+  // own diagnostics) and reserved.
+  static bool same_frame(const slot_header& want, const slot_header& got) noexcept {
+    return want.magic == got.magic && want.version == got.version && want.flags == got.flags &&
+           want.bytes == got.bytes && want.sender == got.sender && want.desc == got.desc;
+  }
+
+  // Frame i's payload goes back to its slot, its first `bytes` copied there from
+  // where it landed; false when it was in its slot already.
+  bool to_slot(std::uint64_t i, std::size_t bytes) noexcept {
+    std::byte*& d = recv_dst_[i % depth_];
+    std::byte* slot = recv_.payload(i);
+    if (d == nullptr || d == slot) return false;
+    std::memcpy(slot, d, bytes);
+    d = slot;
+    return true;
   }
 
   void on_slot_complete() {
@@ -481,6 +538,18 @@ class tcp_link {
   // Per send slot: where its payload is read from when not the slot (post_from);
   // written by the executor before it publishes the slot, read by the I/O side.
   std::unique_ptr<const std::byte*[]> external_;
+  // Per receive slot: a frame the executor expects, to land in its memory. `index`
+  // (frame index + 1, 0: none) is stored last by the executor and cleared by the I/O
+  // side when that frame's header arrives.
+  struct landing {
+    std::atomic<std::uint64_t> index{0};
+    slot_header header;
+    std::byte* dst = nullptr;
+  };
+  std::unique_ptr<landing[]> landings_;
+  // Per receive slot: where its payload was read to (the slot, or where it landed);
+  // written by the I/O side before arrived_, read by the executor after it.
+  std::unique_ptr<std::byte*[]> recv_dst_;
 
   // Shared counters, one writer each.
   alignas(64) std::atomic<std::uint64_t> posted_{0};  // executor

@@ -51,6 +51,7 @@ class tcp_link_set final : public link_set {
                std::vector<std::pair<int, plait::detail::fd_handle>> sockets)
       : rank_(rank),
         slot_bytes_(cfg.slot_bytes),
+        receive_into_(cfg.single_copy),
         bell_(&bell),
         index_(static_cast<std::size_t>(size), -1),
         linger_(cfg.connect_timeout > std::chrono::nanoseconds::zero()
@@ -126,6 +127,15 @@ class tcp_link_set final : public link_set {
   }
 
   slot_view peek(int peer) override { return link(peer).peek(); }
+
+  // A frame's payload can go from the socket straight into the caller's output: one
+  // copy fewer than through the slot (off with link_config::single_copy = false).
+  bool receives_into_memory(int peer) const override { return receive_into_ && reaches(peer); }
+
+  expectation expect(int peer, std::size_t ahead, const plait::detail::slot_header& header, std::byte* dst) override {
+    if (!receive_into_) return expectation::passed;
+    return link(peer).expect(ahead, header, dst);
+  }
 
   void release(int peer) override {
     link(peer).release();
@@ -325,6 +335,7 @@ class tcp_link_set final : public link_set {
 
   const int rank_;
   const std::size_t slot_bytes_;
+  const bool receive_into_;  // frames may land in the caller's memory (expect)
   plait::detail::doorbell* bell_;
   std::vector<int> index_;  // peer rank -> position in links_, or -1
   std::vector<std::unique_ptr<tcp_link>> links_;
