@@ -199,6 +199,120 @@ TEST_CASE("a call makes room for all its sends to be pending at once", "[unit][e
   CHECK(c.pending.capacity() == room);  // a reused call keeps it
 }
 
+namespace {
+
+// A link set that receives into the caller's memory (as tcp does): it records what
+// the executor expects, says `later` from its window of 2 frames on, and shows a
+// frame as landed (its payload at the address expected) once `landed` is set.
+class landing_links final : public plait::link_set {
+ public:
+  struct asked {
+    std::size_t ahead;
+    std::uint32_t bytes;
+    int sender;
+    std::byte* dst;
+  };
+  std::vector<asked> expected;
+  std::vector<std::byte> outbox = std::vector<std::byte>(1 << 16);
+  slot_header head;
+  const std::byte* landed = nullptr;
+
+  bool reaches(int peer) const override { return peer == 1; }
+  std::size_t slot_bytes() const override { return outbox.size(); }
+  std::byte* acquire(int) override { return outbox.data(); }
+  void post(int, const slot_header&) override {}
+  bool sends_from_memory(int) const override { return true; }
+  std::uint64_t post_from(int, const slot_header&, const std::byte*) override { return 0; }
+  bool receives_into_memory(int) const override { return true; }
+  expectation expect(int, std::size_t ahead, const slot_header& h, std::byte* dst) override {
+    expected.push_back({ahead, h.bytes, h.sender, dst});
+    return ahead >= 2 ? expectation::later : expectation::posted;
+  }
+  plait::slot_view peek(int) override {
+    if (landed == nullptr) return {};
+    return {&head, landed};
+  }
+  void release(int) override { landed = nullptr; }
+  void health(int) override {}
+  void close(plait::close_reason) noexcept override {}
+};
+
+int kernel_runs = 0;
+void counting_kernel(const void* op, const void* const* srcs, int nsrc, void* const* dsts, int ndst, std::size_t count,
+                     int finalize_n) noexcept {
+  ++kernel_runs;
+  copy_kernel(op, srcs, nsrc, dsts, ndst, count, finalize_n);
+}
+
+}  // namespace
+
+TEST_CASE("executor: frames a step only copies into the output are expected there, never over a region in use",
+          "[unit][executor]") {
+  constexpr std::size_t slice = 4096;  // floats: 16 KiB, the smallest slice that may land
+  landing_links links;
+  doorbell bell;
+  std::atomic<bool> aborted{false};
+  std::vector<std::uint64_t> last_seen(4, 0);
+  std::vector<float> in(4 * slice, 1.0f), out(4 * slice, -1.0f);
+  const bool in_place = GENERATE(false, true);
+  CAPTURE(in_place);
+  call c;
+  c.desc = desc_for(1, 4 * slice);
+  c.desc.kind = collective_kind::all_gather;
+  c.desc.slice_bytes = slice * sizeof(float);
+  c.steps = {send(1, region::input, 0, slice),  // reads input[0, slice)
+             recv(1, 0, slice),                 // output[0, slice): the region just sent from, if in place
+             recv(1, slice, slice),
+             recv(1, 2 * slice, 100),     // too small to land
+             recv(1, 0, slice),           // written by the second step: not before it ran
+             recv(1, 3 * slice, slice)};  // the fifth frame still to come: beyond the window
+  c.elem_size = sizeof(float);
+  c.input = reinterpret_cast<const std::byte*>(in_place ? out.data() : in.data());
+  c.output = reinterpret_cast<std::byte*>(out.data());
+  c.kernel = counting_kernel;
+  c.deadline = plait::clock::now() + std::chrono::seconds(5);
+  c.count_peers(2);
+  executor ex(0, 2, &links, bell, aborted, last_seen);
+  REQUIRE_FALSE(ex.advance(c));  // the send ran; the first receive waits
+  CHECK(c.next == 1);
+  auto at = [&](std::size_t elem) { return c.output + elem * sizeof(float); };
+  // Each step is looked at once; the one told `later` is asked again at every advance.
+  std::vector<std::byte*> posted, later;
+  for (const auto& a : links.expected) {
+    CHECK(a.bytes == slice * sizeof(float));
+    CHECK(a.sender == 1);
+    if (a.ahead < 2) {
+      posted.push_back(a.dst);
+    } else {
+      CHECK(a.ahead == 4);  // four receives from rank 1 come before it
+      later.push_back(a.dst);
+    }
+  }
+  if (in_place)  // the first receive's region is what the send read: not expected
+    CHECK(posted == std::vector<std::byte*>{at(slice)});
+  else
+    CHECK(posted == std::vector<std::byte*>{at(0), at(slice)});
+  REQUIRE_FALSE(later.empty());
+  for (std::byte* d : later) CHECK(d == at(3 * slice));
+  const std::size_t asked = links.expected.size();
+  REQUIRE_FALSE(ex.advance(c));
+  REQUIRE(links.expected.size() == asked + 1);
+  CHECK(links.expected.back().dst == at(3 * slice));
+
+  // A frame that landed in the output is taken as it is: no copy.
+  links.head.sender = 1;
+  links.head.bytes = slice * sizeof(float);
+  links.head.desc = c.desc;
+  kernel_runs = 0;
+  if (!in_place) {
+    links.landed = at(0);
+    REQUIRE_FALSE(ex.advance(c));
+    CHECK(c.next == 2);
+    CHECK(kernel_runs == 0);
+    CHECK(out[0] == -1.0f);  // the test's link wrote nothing there; the executor did not either
+  }
+}
+
 TEST_CASE("fifo_list: first in, first out, reusing its memory", "[unit][executor]") {
   fifo_list<std::shared_ptr<int>> q;
   CHECK(q.empty());
