@@ -3,6 +3,8 @@
 // stream, and garbage (which must be `protocol`, never a crash or a hang).
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -33,12 +35,14 @@ constexpr std::size_t depth = 2;
 struct raw_peer {
   plait::detail::doorbell bell;
   fd_handle raw;
+  fd_handle link_end;  // with watch_link_end: a duplicate of rank 0's end, to see what it has read
   std::unique_ptr<tcp_link_set> links;
 
-  raw_peer() {
+  explicit raw_peer(bool watch_link_end = false) {
     int sv[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
     raw.reset(sv[1]);
+    if (watch_link_end) link_end.reset(::fcntl(sv[0], F_DUPFD_CLOEXEC, 0));
     std::vector<std::pair<int, fd_handle>> sockets;
     sockets.emplace_back(1, fd_handle(sv[0]));
     links =
@@ -68,6 +72,16 @@ struct raw_peer {
     T value;
     plait::detail::recv_all(raw.get(), &value, sizeof value, plait::clock::now() + 5s);
     return value;
+  }
+  // Waits until rank 0's end has read everything sent to it (watch_link_end).
+  bool link_end_drained() {
+    const auto until = plait::clock::now() + 2s;
+    for (;;) {
+      int unread = -1;
+      if (::ioctl(link_end.get(), FIONREAD, &unread) == 0 && unread == 0) return true;
+      if (plait::clock::now() > until) return false;
+      std::this_thread::sleep_for(1ms);
+    }
   }
   // True when nothing arrives on the raw end within `quiet`.
   bool silent_for(std::chrono::milliseconds quiet) {
@@ -228,7 +242,7 @@ TEST_CASE("tcp bytes move in the waiting thread and in the link set's own, hande
 TEST_CASE("tcp a frame expected in the caller's memory lands there only with the header expected; detach() undoes it",
           "[tcp][frames]") {
   using expectation = plait::link_set::expectation;
-  raw_peer t;
+  raw_peer t(true);
   REQUIRE(t.links->receives_into_memory(1));
   constexpr std::uint32_t n = 200;
   std::vector<std::byte> user(n, std::byte{0xee});
@@ -299,10 +313,12 @@ TEST_CASE("tcp a frame expected in the caller's memory lands there only with the
     plait::testing::fill_pattern(frame.data() + sizeof h, n, 1, 0, 0);
     const std::size_t first = sizeof h + n / 2;
     t.send(frame.data(), first);
-    const auto until = plait::clock::now() + 2s;
-    while (user[n / 2 - 1] == std::byte{0xee} && plait::clock::now() < until) std::this_thread::sleep_for(1ms);
-    REQUIRE(holds_pattern(user.data(), n / 2, 0));
+    // Read from the socket; detach() waits for the reader to finish that pass (the
+    // I/O mutex), and what it wrote may be looked at only after (the I/O side
+    // writes the caller's memory with no other synchronisation).
+    REQUIRE(t.link_end_drained());
     t.links->detach();
+    REQUIRE(holds_pattern(user.data(), n / 2, 0));
     t.send(frame.data() + first, frame.size() - first);
     const slot_view v = t.wait_slot();
     REQUIRE(v.header != nullptr);
