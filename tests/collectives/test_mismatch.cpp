@@ -17,6 +17,10 @@ namespace {
 constexpr int ranks = 4;
 constexpr std::size_t n_elems = 4099;
 
+blob text_blob(const std::string& s) {
+  return blob(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data() + s.size()));
+}
+
 // "errc|peer|ms|what" of the first failing call, "" if every call succeeded.
 template <class Comm, class F>
 blob first_failure(Comm& c, F calls) {
@@ -29,7 +33,7 @@ blob first_failure(Comm& c, F calls) {
     s = std::string(plait::to_string(e.code())) + "|" + std::to_string(e.peer()) + "|" + std::to_string(ms.count()) +
         "|" + e.what();
   }
-  return blob(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data() + s.size()));
+  return text_blob(s);
 }
 
 // Guarded buffers: the elements past `count` must stay untouched.
@@ -165,9 +169,7 @@ void mismatched_frames_never_land() {
         const std::size_t peer = static_cast<std::size_t>(1 - c.rank());
         std::size_t changed = 0;
         for (std::size_t i = peer * shard; i < (peer + 1) * shard; ++i) changed += out[i] != -7.0f ? 1 : 0;
-        const std::string s = "changed " + std::to_string(changed);
-        return std::vector<blob>{failure, blob(reinterpret_cast<const std::byte*>(s.data()),
-                                               reinterpret_cast<const std::byte*>(s.data() + s.size()))};
+        return std::vector<blob>{failure, text_blob("changed " + std::to_string(changed))};
       },
       opt);
   for (int r = 0; r < 2; ++r) {

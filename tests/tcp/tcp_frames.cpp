@@ -50,11 +50,16 @@ struct raw_peer {
   }
 
   void send(const void* p, std::size_t n) { plait::detail::send_all(raw.get(), p, n, plait::clock::now() + 5s); }
-  void send_slot(std::uint32_t bytes, std::uint64_t index, bool byte_by_byte = false) {
+  // Slot `index` from rank 1 as it goes on the wire: header, then the pattern.
+  static std::vector<std::byte> slot_frame(std::uint32_t bytes, std::uint64_t index) {
     std::vector<std::byte> frame(sizeof(slot_header) + bytes);
     const slot_header h = plait::testing::pattern_header(1, index, bytes);
     std::memcpy(frame.data(), &h, sizeof h);
     plait::testing::fill_pattern(frame.data() + sizeof h, bytes, 1, 0, index);
+    return frame;
+  }
+  void send_slot(std::uint32_t bytes, std::uint64_t index, bool byte_by_byte = false) {
+    const std::vector<std::byte> frame = slot_frame(bytes, index);
     if (!byte_by_byte) return send(frame.data(), frame.size());
     for (std::size_t i = 0; i < frame.size(); ++i) {
       send(&frame[i], 1);
@@ -307,11 +312,8 @@ TEST_CASE("tcp a frame expected in the caller's memory lands there only with the
   }
   SECTION("detach() in the middle of a landing frame: the rest goes to the slot, which ends up whole") {
     REQUIRE(t.links->expect(1, 0, plait::testing::pattern_header(1, 0, n), user.data()) == expectation::posted);
-    std::vector<std::byte> frame(sizeof(slot_header) + n);
-    const slot_header h = plait::testing::pattern_header(1, 0, n);
-    std::memcpy(frame.data(), &h, sizeof h);
-    plait::testing::fill_pattern(frame.data() + sizeof h, n, 1, 0, 0);
-    const std::size_t first = sizeof h + n / 2;
+    const std::vector<std::byte> frame = raw_peer::slot_frame(n, 0);
+    const std::size_t first = sizeof(slot_header) + n / 2;
     t.send(frame.data(), first);
     // Read from the socket; detach() waits for the reader to finish that pass (the
     // I/O mutex), and what it wrote may be looked at only after (the I/O side
