@@ -218,6 +218,17 @@ class link_set {
   // called from any thread that drives calls, concurrently with the calls above.
   virtual bool progress() noexcept { return false; }
   virtual void release_io(bool leaving) noexcept { (void)leaving; }
+  // Where the executor holds the I/O (after progress()), it may sleep here instead of
+  // handing the I/O back: block until a peer's bytes can move, `kick_fd` is readable
+  // (the doorbell was rung) or `bound` passes, move what can move, and return true.
+  // Return false, at once, where this link set cannot sleep so (its peers ring the
+  // doorbell through shared memory, it is closing, another thread sleeps here); the
+  // executor then calls release_io(false) and sleeps on the doorbell.
+  virtual bool sleep(std::chrono::nanoseconds bound, int kick_fd) noexcept {
+    (void)bound;
+    (void)kick_fd;
+    return false;
+  }
 
   // Best effort, never throws: tell every peer this rank is going away or has failed,
   // and why. A peer that still waits on this rank reports peer_lost naming
@@ -231,6 +242,7 @@ struct io_waiter {
   link_set* links;
   bool progress() noexcept { return links->progress(); }
   void release() noexcept { links->release_io(false); }
+  bool sleep(std::chrono::nanoseconds bound, int kick_fd) noexcept { return links->sleep(bound, kick_fd); }
 };
 
 template <class T>

@@ -244,6 +244,46 @@ TEST_CASE("tcp bytes move in the waiting thread and in the link set's own, hande
   CAPTURE(result[0], result[1]);
 }
 
+TEST_CASE("tcp a waiter that has polled its time sleeps on the socket, keeps the I/O, and wakes for a frame or a ring",
+          "[tcp][frames]") {
+  raw_peer p;
+  p.bell.set_spin(0ns);                // no polling: straight to sleep
+  REQUIRE_FALSE(p.links->progress());  // the waiter holds the I/O, as an executor's first look does
+  const auto seen = p.bell.snapshot();
+  const auto start = plait::clock::now();
+
+  SECTION("a frame wakes it; the waiting thread read it, so nobody rang the doorbell") {
+    std::thread sender([&] {
+      std::this_thread::sleep_for(50ms);
+      p.send_slot(static_cast<std::uint32_t>(plait::testing::pattern_size(1, 0, 0, slot_bytes)), 0);
+    });
+    p.bell.wait(seen, 5s, plait::io_waiter{p.links.get()});
+    sender.join();
+    CHECK(plait::clock::now() - start < 4s);
+    CHECK(p.bell.snapshot() == seen);  // handed to the progress thread, it would have rung
+    const slot_view v = p.links->peek(1);
+    REQUIRE(v.header != nullptr);
+    CHECK(plait::testing::check_pattern(v, 1, 0, 0, slot_bytes).empty());
+  }
+
+  SECTION("a ring from another thread wakes it") {
+    std::thread ringer([&] {
+      std::this_thread::sleep_for(50ms);
+      p.bell.ring();
+    });
+    p.bell.wait(seen, 5s, plait::io_waiter{p.links.get()});
+    ringer.join();
+    CHECK(plait::clock::now() - start < 4s);
+    CHECK(p.bell.snapshot() != seen);
+    CHECK(p.links->peek(1).header == nullptr);
+  }
+
+  SECTION("with nothing to wake it, it sleeps its bound") {
+    p.bell.wait(seen, 100ms, plait::io_waiter{p.links.get()});
+    CHECK(plait::clock::now() - start >= 100ms);
+  }
+}
+
 TEST_CASE("tcp a frame expected in the caller's memory lands there only with the header expected; detach() undoes it",
           "[tcp][frames]") {
   using expectation = plait::link_set::expectation;

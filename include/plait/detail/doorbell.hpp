@@ -6,6 +6,12 @@
 // the counter with a bound, so a lost wake-up costs at most that bound, never a hang.
 // The word may live in shared memory (shm transport binds it into its segment so
 // peers in other processes can ring it), hence non-private futex operations.
+// A waiter whose transport can sleep on its own descriptors (tcp: the peers'
+// sockets) sleeps there instead, so the bytes that wake it are moved by the thread
+// they woke; ring() then also writes an eventfd that sleep watches. That eventfd is
+// the doorbell's own, made at the first such sleep; a ring from another process (the
+// static ring(), through shared memory) does not write it, so a transport whose
+// peers ring that way (shm, a hybrid) sleeps on the futex.
 // Thread-safety: ring() from any thread or process; wait() from the executor thread.
 #pragma once
 
@@ -16,6 +22,7 @@
 #include <ctime>
 #include <linux/futex.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -56,6 +63,9 @@ class doorbell {
   };
 
   doorbell() : word_(&own_) {}
+  ~doorbell() {
+    if (const int fd = kick_fd_.load(std::memory_order_relaxed); fd >= 0) ::close(fd);
+  }
   doorbell(const doorbell&) = delete;
   doorbell& operator=(const doorbell&) = delete;
 
@@ -66,10 +76,21 @@ class doorbell {
   std::uint32_t snapshot() const noexcept { return word_->count.load(std::memory_order_acquire); }
 
   static void ring(doorbell_word* w) noexcept {
-    w->count.fetch_add(1, std::memory_order_acq_rel);
+    w->count.fetch_add(1, std::memory_order_seq_cst);
     if (w->sleepers.load(std::memory_order_acquire) != 0) futex_wake_all(&w->count);
   }
-  void ring() noexcept { ring(word_); }
+  // The Dekker pair with wait(): the count's increment (seq_cst) before this load,
+  // and the sleeper's io_sleepers_ increment before its count load, so one of them
+  // sees the other.
+  void ring() noexcept {
+    ring(word_);
+    if (io_sleepers_.load(std::memory_order_seq_cst) != 0) {
+      const std::uint64_t one = 1;
+      if (::write(kick_fd_.load(std::memory_order_relaxed), &one, sizeof one) < 0) {
+        // EAGAIN: the counter is saturated, so the sleeper is being woken anyway.
+      }
+    }
+  }
 
   // Returns when the counter moves past `seen`, or after `bound` at most. Polls
   // first, for a bounded time: waking a sleeping process costs tens of microseconds
@@ -86,6 +107,10 @@ class doorbell {
   // (link_set::progress): io.progress() is called at every look and ends the wait
   // when it returns true (news); io.release() is called before sleeping, so that the
   // transport's own thread moves the bytes while this one sleeps.
+  // When the Io can sleep in its transport (io.sleep(bound, kick_fd): blocks until
+  // its descriptors have bytes to move or kick_fd is readable, moves them, returns
+  // false where it cannot sleep so), the waiter sleeps there and keeps the I/O;
+  // otherwise io.release() first, then the futex.
   // `start`, if given, is when the wait began (a clock read the caller just made):
   // the poll and the bound count from it.
   template <class Io>
@@ -106,6 +131,14 @@ class doorbell {
         if (spent >= pure_spin) sched_yield();
       }
     }
+    if constexpr (requires { io.sleep(bound, 0); }) {
+      if (const int fd = kick_fd(); fd >= 0) {
+        io_sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        const bool slept = word_->count.load(std::memory_order_seq_cst) != seen || io.sleep(bound - poll, fd);
+        io_sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+        if (slept) return;
+      }
+    }
     io.release();
     word_->sleepers.fetch_add(1, std::memory_order_acq_rel);
     if (word_->count.load(std::memory_order_acquire) == seen) futex_wait_for(&word_->count, seen, bound - poll);
@@ -122,8 +155,23 @@ class doorbell {
   static constexpr std::chrono::nanoseconds pure_spin = std::chrono::microseconds(1);
 
  private:
+  // The eventfd a sleep in the transport watches; made by the first such wait, kept
+  // until the doorbell goes. -1 where it could not be made. (ring() reads it only
+  // after it sees a sleeper, whose count was raised after this returned.)
+  int kick_fd() noexcept {
+    int fd = kick_fd_.load(std::memory_order_acquire);
+    if (fd != -2) return fd;
+    const int made = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (kick_fd_.compare_exchange_strong(fd, made < 0 ? -1 : made, std::memory_order_acq_rel))
+      return made < 0 ? -1 : made;
+    if (made >= 0) ::close(made);  // another waiter made one first
+    return fd;
+  }
+
   doorbell_word own_;
   doorbell_word* word_;
+  std::atomic<int> kick_fd_{-2};  // -2: not made yet
+  std::atomic<std::uint32_t> io_sleepers_{0};
   std::chrono::nanoseconds spin_ = dedicated_spin;
 };
 

@@ -5,13 +5,15 @@
 //     receive slots and writes posted slots and credits, and post() writes its frame
 //     at once; the progress thread is parked meanwhile, so a rank runs one busy thread,
 //     not two (on a host with no spare core, two hand-offs per frame between threads
-//     were most of the time of a small call);
-//   - otherwise (the executor sleeps or is between calls with bytes still owed:
-//     release_io(); or PLAIT_PROGRESS=thread, where progress() is never called) the
-//     progress thread poll()s every peer socket plus an eventfd, does the same, and
-//     rings the doorbell whenever the executor has news (a slot arrived, a send slot
-//     freed, a link failed).
-// The executor-side calls never block and never allocate: they only touch the link's
+//     were most of the time of a small call); when it has polled its time it sleeps
+//     in ppoll() on the sockets (sleep()), still holding the I/O, and moves what woke
+//     it;
+//   - otherwise (the executor is between calls with bytes still owed, or cannot sleep
+//     on the sockets: release_io(); or PLAIT_PROGRESS=thread, where progress() is
+//     never called) the progress thread poll()s every peer socket plus an eventfd,
+//     does the same, and rings the doorbell whenever the executor has news (a slot
+//     arrived, a send slot freed, a link failed).
+// The executor-side calls but sleep() never block, and none allocates: they only touch the link's
 // slot memory and its counters, and wake the progress thread through the eventfd only
 // when it owns the I/O and sleeps.
 // The doorbell must outlive the link set. Its word is looked up at every ring, so a
@@ -30,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,6 +69,7 @@ class tcp_link_set final : public link_set {
     wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!wake_fd_) throw error(errc::system, "eventfd failed: " + plait::detail::errno_text(errno), rank);
     pollfds_.resize(links_.size() + 1);
+    sleep_fds_.resize(links_.size() + 1);
     if (links_.empty()) return;  // nothing to move (a hybrid whose peers are all local)
     thread_ = std::thread([this] { run(); });
   }
@@ -178,6 +182,53 @@ class tcp_link_set final : public link_set {
     }
     executor_io_.store(false, std::memory_order_seq_cst);
     kick();
+  }
+
+  // The executor sleeps in ppoll() on the peers' sockets and the doorbell's eventfd,
+  // keeping the I/O: the bytes that wake it are moved by this thread, with no hand-off
+  // to the progress thread and back (with more ranks than cores those hand-offs were
+  // a third of a large call's time). Returns at news, a kick, or the bound; a pass
+  // that moved bytes but brought no news sleeps again.
+  bool sleep(std::chrono::nanoseconds bound, int kick_fd) noexcept override {
+    if (links_.empty() || close_requested_.load(std::memory_order_acquire) ||
+        !executor_io_.load(std::memory_order_seq_cst))
+      return false;
+    if (sleeper_.exchange(true, std::memory_order_acquire)) return false;  // one sleeper at a time
+    struct clear {
+      std::atomic<bool>& flag;
+      ~clear() { flag.store(false, std::memory_order_release); }
+    } done{sleeper_};
+    const auto until = clock::now() + bound;
+    for (;;) {
+      {
+        std::unique_lock lock(io_mutex_, std::try_to_lock);
+        if (!lock.owns_lock()) return true;  // the thread is mid-pass: look again
+        try {
+          if (pump_all(true)) return true;
+        } catch (const std::exception& e) {
+          lock.unlock();
+          fail_all(std::string("TCP I/O failed: ") + e.what());
+          return true;
+        }
+        sleep_fds_[0] = {kick_fd, POLLIN, 0};
+        for (std::size_t i = 0; i < links_.size(); ++i) {
+          const short ev = links_[i]->poll_events();
+          sleep_fds_[i + 1] = {ev != 0 ? links_[i]->fd() : -1, ev, 0};
+        }
+      }
+      const auto left = until - clock::now();
+      if (left <= clock::duration::zero() || close_requested_.load(std::memory_order_acquire)) return true;
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      const timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+      if (::ppoll(sleep_fds_.data(), sleep_fds_.size(), &ts, nullptr) < 0 && errno != EINTR) return false;
+      if (sleep_fds_[0].revents & POLLIN) {
+        std::uint64_t count;
+        if (::read(kick_fd, &count, sizeof count) < 0) {
+          // EAGAIN: another read already drained it
+        }
+        return true;
+      }
+    }
   }
 
   void health(int peer) override {
@@ -344,6 +395,8 @@ class tcp_link_set final : public link_set {
   plait::detail::fd_handle wake_fd_;
   std::vector<pollfd> pollfds_;  // progress thread only; [0] is the eventfd
   std::atomic<bool> sleeping_{false};
+  std::vector<pollfd> sleep_fds_;  // sleep() only, one caller at a time (sleeper_); [0] is the kick
+  std::atomic<bool> sleeper_{false};
   // Who moves the bytes: the progress thread, or (true) an executor in progress().
   // The I/O side of every link (pump_*, begin_close, settled) runs under io_mutex_.
   std::atomic<bool> executor_io_{false};
