@@ -86,6 +86,7 @@ class communicator {
     const auto deadline = clock::now() + cfg.timeout;
     auto world = std::make_shared<bootstrap::world>(bootstrap::join_world(deadline));
     if (world->info.size == 1) {
+      if (cfg.depth == 0) cfg.depth = detail::comm_config::default_depth;
       communicator c(std::make_unique<detail::comm_core>(0, 1, cfg));
       return c;
     }
@@ -109,6 +110,9 @@ class communicator {
     if (cfg.copy_slice_bytes == 0)
       cfg.copy_slice_bytes =
           cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, detail::comm_config::copy_slice_default);
+    if (cfg.depth == 0)
+      cfg.depth = cfg.network && cfg.one_host ? detail::comm_config::network_depth_on_one_host
+                                              : detail::comm_config::default_depth;
     auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
     if (size > 1) {
       std::vector<int> peers;

@@ -194,8 +194,8 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   scoped_env env;
   const auto defaults = config_from_env();
   CHECK(defaults.slice_bytes == 256 * 1024);
-  CHECK(defaults.depth == 4);
-  CHECK(defaults.copy_slice_bytes == 0);  // resolved per transport by communicator::create
+  CHECK(defaults.depth == 0);             // resolved per transport by communicator::create
+  CHECK(defaults.copy_slice_bytes == 0);  // the same
   CHECK(defaults.poll.count() < 0);       // automatic: decided by ranks per core
   env.set("PLAIT_SLICE_BYTES", "1M");
   env.set("PLAIT_DEPTH", "8");

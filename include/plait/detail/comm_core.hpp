@@ -63,7 +63,12 @@ class fifo_list {
 struct comm_config {
   std::chrono::nanoseconds timeout = std::chrono::seconds(600);
   std::size_t slice_bytes = 256 * 1024;  // bench/tune.sh: best of 32K..1M x depth 2, 4 on shm (docs/performance.md)
-  std::size_t depth = 4;
+  // Slots per FIFO; 0 until communicator::create resolves it: network_depth_on_one_host
+  // over a network transport (tcp) with every rank on one host, else default_depth.
+  std::size_t depth = 0;
+  static constexpr std::size_t default_depth = 4;
+  static constexpr std::size_t network_depth_on_one_host =
+      3;  // docs/performance.md, "TCP on one host: three slots per FIFO"
   // The slice of plain copies from one rank to another (broadcast, send/recv); 0
   // until communicator::create resolves it: slice_bytes over a network transport,
   // at least copy_slice_default otherwise. Slots hold the larger of the two slices.
