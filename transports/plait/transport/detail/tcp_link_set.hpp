@@ -13,9 +13,9 @@
 //     never called) the progress thread poll()s every peer socket plus an eventfd,
 //     does the same, and rings the doorbell whenever the executor has news (a slot
 //     arrived, a send slot freed, a link failed).
-// The executor-side calls but sleep() never block, and none allocates: they only touch the link's
-// slot memory and its counters, and wake the progress thread through the eventfd only
-// when it owns the I/O and sleeps.
+// The executor-side calls other than sleep() never block, and none allocates: they
+// only touch the link's slot memory and its counters, and wake the progress thread
+// through the eventfd only when it owns the I/O and sleeps.
 // The doorbell must outlive the link set. Its word is looked up at every ring, so a
 // transport that binds the word into shared memory (shm in a hybrid) must do so before
 // this link set is created, as a hybrid does by connecting shm first.
@@ -186,9 +186,9 @@ class tcp_link_set final : public link_set {
 
   // The executor sleeps in ppoll() on the peers' sockets and the doorbell's eventfd,
   // keeping the I/O: the bytes that wake it are moved by this thread, with no hand-off
-  // to the progress thread and back (with more ranks than cores those hand-offs were
-  // a third of a large call's time). Returns at news, a kick, or the bound; a pass
-  // that moved bytes but brought no news sleeps again.
+  // to the progress thread and back (with 4 ranks on 2 cores those hand-offs cost a
+  // quarter of a large all_gather's CPU time: docs/performance.md). Returns at news,
+  // a kick, or the bound; a pass that moved bytes but brought no news sleeps again.
   bool sleep(std::chrono::nanoseconds bound, int kick_fd) noexcept override {
     if (links_.empty() || close_requested_.load(std::memory_order_acquire) ||
         !executor_io_.load(std::memory_order_seq_cst))
