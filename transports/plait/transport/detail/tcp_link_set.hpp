@@ -154,13 +154,7 @@ class tcp_link_set final : public link_set {
     if (!executor_io_.load(std::memory_order_relaxed)) executor_io_.store(true, std::memory_order_seq_cst);
     std::unique_lock lock(io_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return false;  // the thread is mid-pass; it parks after it
-    try {
-      return pump_all(true);
-    } catch (const std::exception& e) {
-      lock.unlock();
-      fail_all(std::string("TCP I/O failed: ") + e.what());
-      return true;
-    }
+    return executor_pass(lock);
   }
 
   void release_io(bool leaving) noexcept override {
@@ -203,13 +197,7 @@ class tcp_link_set final : public link_set {
       {
         std::unique_lock lock(io_mutex_, std::try_to_lock);
         if (!lock.owns_lock()) return true;  // the thread is mid-pass: look again
-        try {
-          if (pump_all(true)) return true;
-        } catch (const std::exception& e) {
-          lock.unlock();
-          fail_all(std::string("TCP I/O failed: ") + e.what());
-          return true;
-        }
+        if (executor_pass(lock)) return true;
         sleep_fds_[0] = {kick_fd, POLLIN, 0};
         for (std::size_t i = 0; i < links_.size(); ++i) {
           const short ev = links_[i]->poll_events();
@@ -281,6 +269,18 @@ class tcp_link_set final : public link_set {
       news |= l->pump_tx();
     }
     return news;
+  }
+
+  // The executor's pass (progress(), sleep()), with io_mutex_ held in `lock`: true at
+  // news, or at a failure, which it records after releasing the lock.
+  bool executor_pass(std::unique_lock<std::mutex>& lock) noexcept {
+    try {
+      return pump_all(true);
+    } catch (const std::exception& e) {
+      lock.unlock();
+      fail_all(std::string("TCP I/O failed: ") + e.what());
+      return true;
+    }
   }
 
   void kick() noexcept {
