@@ -1,21 +1,29 @@
-// tcp-ceiling: how fast two processes on this host do what a 2-rank collective must do
+// tcp-ceiling: how fast N processes on this host do what an N-rank collective must do
 // over loopback TCP sockets, per size: move its bytes, plus the memory work no
 // implementation can skip. The ceiling plait's tcp transport (or any library over TCP)
 // works under here.
 //
-// Usage: tcp-ceiling [-N 2] [common bench options: -o -b -e -f -w -n -J ...]
-// Two processes, bound to CPUs 0 and 1 as plaitrun and mpirun bind 2 ranks, joined by
-// loopback TCP connections; no library, no framing, no data check. Per call:
-//   broadcast       rank 0 sends S bytes, rank 1 receives them into its buffer;
-//   all_gather      each rank copies its S/2 bytes into its block of the output (out of
-//                   place, as measured) and swaps S/2 with the other, received into the
-//                   other block;
-//   reduce_scatter  each rank sends the S/2 bytes the other owns and receives S/2, summed
-//                   with its own half into the output (one pass of a float sum);
-//   all_reduce      each rank sends and receives S bytes (every algorithm for 2 ranks moves
-//                   at least that: each rank must hear about every element of the other),
-//                   summing one half (S/2: the ranks share the reduction).
-// No framing, no slots, no schedule.
+// Usage: tcp-ceiling [-N ranks] [common bench options: -o -b -e -f -w -n -J ...]
+// N processes (default 2) joined in a ring by loopback TCP connections: each sends to the
+// next and receives from the one before (with 2 ranks, one connection both ways). They
+// are bound to one CPU each, as plaitrun and mpirun bind ranks, when there are at least
+// as many CPUs as ranks, else left to the scheduler, as plaitrun leaves them. No library,
+// no framing, no data check. With S bytes and b = S/N (a block) per call:
+//   broadcast       a chain: rank 0 sends S bytes to rank 1, each middle rank receives
+//                   S and sends S, the last rank receives S (every rank but the root
+//                   must receive S, and someone must send it: (N-1) S through sockets,
+//                   the least any broadcast moves);
+//   all_gather      each rank copies its block into the output (out of place, as
+//                   measured), and sends and receives S - b, received into the other
+//                   blocks;
+//   reduce_scatter  each rank sends and receives S - b, summed with its own input on
+//                   the way (one pass of a float sum over what arrives);
+//   all_reduce      each rank sends and receives 2 (S - b), summing the first S - b
+//                   (a reduce-scatter, then an all-gather: the least any all_reduce
+//                   moves per rank; with 2 ranks, each rank's whole buffer).
+// What a rank sends does not wait on what it receives, as it must in a collective (a
+// relay cannot send what has not arrived): the ceiling is the bytes and the memory
+// work alone. No framing, no slots, no schedule.
 // Each size is run under every setting of a grid, and the best is reported:
 //   write size  64K, 256K, 1M, 4M (at most the payload);
 //   landing     straight into the destination (each recv asks for all that is still to
@@ -24,7 +32,8 @@
 //               to the rank's input on the way where the collective reduces (the reduce
 //               fused with the landing, as plait's kernel reads a slot);
 //   buffers     the kernel's (autotuned), or SO_SNDBUF = SO_RCVBUF = 4 MiB;
-//   waiting     poll(2) when a socket would block, or spin on non-blocking calls.
+//   waiting     poll(2) when a socket would block, or spin on non-blocking calls (only
+//               with a CPU per rank: a spinning rank would hold the CPU its peer needs).
 // Times and busbw as every benchmark in bench/ (bench_report.hpp): each rank's median
 // over the timed calls, the maximum over ranks, nccl-tests' bus factors; the settings
 // that won are printed after each row. Every wait is bounded (30 s per call): a stuck
@@ -68,9 +77,11 @@ struct setting {
   bool bounce = false;  // land through a bounce buffer (else straight into the destination)
   bool big = false;     // SO_SNDBUF = SO_RCVBUF = 4 MiB (else the kernel's)
   bool spin = false;    // spin on non-blocking calls (else poll)
+  bool pairs = false;   // every pair of ranks exchanges directly (else the ring; 3 ranks and more)
 
-  std::string text() const {
-    return "write " + std::to_string(write >> 10) + "K, " + (bounce ? "through a bounce buffer" : "landing direct") +
+  std::string text(int ranks) const {
+    return (ranks > 2 ? std::string(pairs ? "all pairs, " : "ring, ") : std::string()) + "write " +
+           std::to_string(write >> 10) + "K, " + (bounce ? "through a bounce buffer" : "landing direct") +
            ", buffers " + (big ? "4M" : "auto") + ", " + (spin ? "spin" : "poll");
   }
 };
@@ -80,50 +91,98 @@ void add(float* out, const float* a, const float* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-// Where the received stream goes: byte p of it to dst[p], or, for p in [add_lo, add_hi)
-// (multiples of 4), the float sum of it and add_to[p] to dst[p].
+// Where a received stream goes: byte p of it to dst[(base + p) % wrap], or, for p in
+// [add_lo, add_hi) (multiples of 4), the float sum of it and add_to[p] there.
 struct landing {
   char* dst = nullptr;
+  std::size_t wrap = 0, base = 0;  // dst holds wrap bytes; the stream starts at dst + base
   const char* add_to = nullptr;
   std::size_t add_lo = 0, add_hi = 0;
-  char* bounce = nullptr;  // the bounce buffer (the write size and 4 bytes more)
+
+  // Where stream byte pos lands, and how many bytes from there fit before dst's end.
+  char* at(std::size_t pos) const noexcept { return dst + (base + pos) % wrap; }
+  std::size_t room(std::size_t pos) const noexcept { return wrap - (base + pos) % wrap; }
 
   // Stream bytes [pos, pos + n) are at p: copied or added on to their place.
   void put(std::size_t pos, const char* p, std::size_t n) const {
-    const std::size_t lo = std::clamp(add_lo, pos, pos + n), hi = std::clamp(add_hi, pos, pos + n);
-    if (lo > pos) plait::kernel::copy_bytes(dst + pos, p, lo - pos);
-    if (hi > lo)
-      add(reinterpret_cast<float*>(dst + lo), reinterpret_cast<const float*>(add_to + lo),
-          reinterpret_cast<const float*>(p + (lo - pos)), (hi - lo) / sizeof(float));
-    if (pos + n > hi) plait::kernel::copy_bytes(dst + hi, p + (hi - pos), pos + n - hi);
+    for_pieces(pos, n, [&](std::size_t at_pos, std::size_t k) { put_piece(at_pos, p + (at_pos - pos), k); });
   }
   // After a direct landing: the sum pass over [add_lo, add_hi), in place.
   void finish_direct() const {
-    if (add_hi > add_lo)
-      add(reinterpret_cast<float*>(dst + add_lo), reinterpret_cast<const float*>(add_to + add_lo),
-          reinterpret_cast<const float*>(dst + add_lo), (add_hi - add_lo) / sizeof(float));
+    if (add_hi <= add_lo) return;
+    for_pieces(add_lo, add_hi - add_lo, [&](std::size_t pos, std::size_t k) {
+      add(reinterpret_cast<float*>(at(pos)), reinterpret_cast<const float*>(add_to + pos),
+          reinterpret_cast<const float*>(at(pos)), k / sizeof(float));
+    });
+  }
+
+ private:
+  // f(pos, k) for the pieces of [pos, pos + n) that do not cross dst's end.
+  template <class F>
+  void for_pieces(std::size_t pos, std::size_t n, F&& f) const {
+    while (n > 0) {
+      const std::size_t k = std::min(n, room(pos));
+      f(pos, k);
+      pos += k;
+      n -= k;
+    }
+  }
+  void put_piece(std::size_t pos, const char* p, std::size_t n) const {
+    char* d = at(pos);
+    const std::size_t lo = std::clamp(add_lo, pos, pos + n), hi = std::clamp(add_hi, pos, pos + n);
+    if (lo > pos) plait::kernel::copy_bytes(d, p, lo - pos);
+    if (hi > lo)
+      add(reinterpret_cast<float*>(d + (lo - pos)), reinterpret_cast<const float*>(add_to + lo),
+          reinterpret_cast<const float*>(p + (lo - pos)), (hi - lo) / sizeof(float));
+    if (pos + n > hi) plait::kernel::copy_bytes(d + (hi - pos), p + (hi - pos), pos + n - hi);
   }
 };
 
-// The control channel (a socketpair): barriers and each rank's median.
+// Full reads and writes on a blocking control socket.
+void put_all(int fd, const void* p, std::size_t n) {
+  if (::write(fd, p, n) != static_cast<ssize_t>(n)) die("control write");
+}
+void get_all(int fd, void* p, std::size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t k = ::read(fd, c, n);
+    if (k <= 0) die("control read (another rank stopped)");
+    c += k;
+    n -= static_cast<std::size_t>(k);
+  }
+}
+
+// The control channels (socketpairs between rank 0 and each other rank): barriers and
+// each rank's median.
 struct control {
-  int fd = -1;
-  void put(const void* p, std::size_t n) const {
-    if (::write(fd, p, n) != static_cast<ssize_t>(n)) die("control write");
-  }
-  void get(void* p, std::size_t n) const {
-    auto* c = static_cast<char*>(p);
-    while (n > 0) {
-      const ssize_t k = ::read(fd, c, n);
-      if (k <= 0) die("control read (the other rank stopped)");
-      c += k;
-      n -= static_cast<std::size_t>(k);
-    }
-  }
+  std::vector<int> fds;  // rank 0: one per other rank; any other rank: its one to rank 0
+  bool root = false;
+
   void barrier() const {
     char b = 0;
-    put(&b, 1);
-    get(&b, 1);
+    if (root) {
+      for (int fd : fds) get_all(fd, &b, 1);
+      for (int fd : fds) put_all(fd, &b, 1);
+    } else {
+      put_all(fds[0], &b, 1);
+      get_all(fds[0], &b, 1);
+    }
+  }
+  // Rank 0: the maximum of every rank's median and page faults (its own given).
+  void gather_max(double& median, long& faults) const {
+    for (int fd : fds) {
+      if (!root) {
+        put_all(fd, &median, sizeof median);
+        put_all(fd, &faults, sizeof faults);
+        return;
+      }
+      double m = 0;
+      long f = 0;
+      get_all(fd, &m, sizeof m);
+      get_all(fd, &f, sizeof f);
+      median = std::max(median, m);
+      faults = std::max(faults, f);
+    }
   }
 };
 
@@ -132,43 +191,69 @@ void set_nonblocking(int fd) {
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) die("fcntl(O_NONBLOCK)");
 }
 
-// Sends `out` bytes of `src` and receives `in` bytes into `dst` on one socket at once,
-// as the setting says. A call that makes no progress for 30 s is an error.
-void move(int fd, const char* src, std::size_t out, const landing& to, std::size_t in, const setting& s) {
-  std::size_t sent = 0, got = 0;
-  std::size_t carry = 0;  // bytes in the bounce buffer not yet put (less than a float)
+// One byte stream a rank sends (out bytes of src, wrapping at src_bytes, on out_fd) and
+// one it receives (in bytes from in_fd, to `to`); either may be empty.
+struct stream {
+  int out_fd = -1;
+  const char* src = nullptr;
+  std::size_t src_bytes = 0, out = 0;
+  int in_fd = -1;
+  landing to;
+  std::size_t in = 0;
+};
+
+// Moves every stream at once, as the setting says. bounce: the write size and 4 bytes
+// more. A call that makes no progress for 30 s is an error.
+void move(const std::vector<stream>& streams, char* bounce, const setting& s) {
+  struct state {
+    std::size_t sent = 0, got = 0;
+    std::size_t carry = 0;  // received bytes not yet put (less than a float, through the bounce buffer)
+    char carried[sizeof(float)] = {};
+  };
+  std::vector<state> st(streams.size());
+  std::vector<pollfd> waits;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (sent < out || got < in) {
-    bool progress = false;
-    if (sent < out) {
-      const ssize_t k = ::send(fd, src + sent, std::min(s.write, out - sent), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k > 0) {
-        sent += static_cast<std::size_t>(k);
-        progress = true;
-      } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        die("send");
-      }
-    }
-    if (got < in) {
-      char* at = s.bounce ? to.bounce + carry : to.dst + got;
-      const ssize_t k = ::recv(fd, at, s.bounce ? std::min(s.write, in - got) : in - got, MSG_DONTWAIT);
-      if (k > 0) {
-        got += static_cast<std::size_t>(k);
-        progress = true;
-        if (s.bounce) {  // whole floats on, the rest kept for the next recv (all of it at the end)
-          const std::size_t have = carry + static_cast<std::size_t>(k);
-          const std::size_t n = got == in ? have : have / sizeof(float) * sizeof(float);
-          to.put(got - have, to.bounce, n);
-          carry = have - n;
-          std::memmove(to.bounce, to.bounce + n, carry);
+  for (;;) {
+    bool progress = false, left = false;
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      const stream& x = streams[i];
+      state& y = st[i];
+      if (y.sent < x.out) {
+        const std::size_t from = y.sent % x.src_bytes;
+        const ssize_t k = ::send(x.out_fd, x.src + from, std::min({s.write, x.out - y.sent, x.src_bytes - from}),
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) {
+          y.sent += static_cast<std::size_t>(k);
+          progress = true;
+        } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          die("send");
         }
-      } else if (k == 0) {
-        errno = ECONNRESET;
-        die("recv (the other rank closed)");
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        die("recv");
       }
+      if (y.got < x.in) {
+        if (s.bounce) std::memcpy(bounce, y.carried, y.carry);
+        char* at = s.bounce ? bounce + y.carry : x.to.at(y.got);
+        const std::size_t want = s.bounce ? std::min(s.write, x.in - y.got) : std::min(x.in - y.got, x.to.room(y.got));
+        const ssize_t k = ::recv(x.in_fd, at, want, MSG_DONTWAIT);
+        if (k > 0) {
+          y.got += static_cast<std::size_t>(k);
+          progress = true;
+          if (s.bounce) {  // whole floats on, the rest kept for the next recv (all of it at the end)
+            const std::size_t have = y.carry + static_cast<std::size_t>(k);
+            const std::size_t n = y.got == x.in ? have : have / sizeof(float) * sizeof(float);
+            x.to.put(y.got - have, bounce, n);
+            y.carry = have - n;
+            std::memcpy(y.carried, bounce + n, y.carry);
+          }
+        } else if (k == 0) {
+          errno = ECONNRESET;
+          die("recv (the other rank closed)");
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          die("recv");
+        }
+      }
+      left = left || y.sent < x.out || y.got < x.in;
     }
+    if (!left) break;
     if (progress) {
       deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
       continue;
@@ -177,70 +262,133 @@ void move(int fd, const char* src, std::size_t out, const landing& to, std::size
       errno = ETIMEDOUT;
       die("no progress for 30 s");
     }
-    if (!s.spin) {
-      pollfd p{fd, static_cast<short>((sent < out ? POLLOUT : 0) | (got < in ? POLLIN : 0)), 0};
-      if (::poll(&p, 1, 1000) < 0 && errno != EINTR) die("poll");
+    if (s.spin) continue;
+    waits.clear();
+    auto wait_for = [&](int fd, short events) {
+      for (pollfd& p : waits)
+        if (p.fd == fd) {
+          p.events = static_cast<short>(p.events | events);
+          return;
+        }
+      waits.push_back({fd, events, 0});
+    };
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      if (st[i].sent < streams[i].out) wait_for(streams[i].out_fd, POLLOUT);
+      if (st[i].got < streams[i].in) wait_for(streams[i].in_fd, POLLIN);
+    }
+    if (::poll(waits.data(), waits.size(), 1000) < 0 && errno != EINTR) die("poll");
+  }
+  for (const stream& x : streams)
+    if (!s.bounce && x.in > 0) x.to.finish_direct();
+}
+
+// A rank's connections: peer[q] to rank q (-1 for itself), for each kind of buffers.
+struct links {
+  std::vector<int> peer[2];  // [0]: the kernel's buffers, [1]: 4 MiB asked
+};
+
+// What one rank does per call of `op` on S = bytes: the own block it copies into the
+// output first (all_gather), and its streams. src and dst hold `bytes` each; the block b
+// is bytes / n in whole floats, and the rest r = bytes - b is what every rank sends and
+// receives in a reduce-scatter or an all-gather.
+struct plan {
+  std::size_t own_block = 0;
+  std::vector<stream> streams;
+};
+
+plan plan_for(const std::string& op, int rank, int n, const std::vector<int>& peer, bool pairs, const char* src,
+              char* dst, std::size_t bytes) {
+  const std::size_t block = bytes / static_cast<std::size_t>(n) / sizeof(float) * sizeof(float);
+  const std::size_t rest = bytes - block;
+  const auto un = static_cast<std::size_t>(n), urank = static_cast<std::size_t>(rank);
+  plan p;
+  auto add_stream = [&](int out_peer, std::size_t out, int in_peer, std::size_t in, std::size_t base,
+                        std::size_t add_hi) {
+    stream x;
+    x.out_fd = out_peer < 0 ? -1 : peer[static_cast<std::size_t>(out_peer)];
+    x.src = src;
+    x.src_bytes = bytes;
+    x.out = out;
+    x.in_fd = in_peer < 0 ? -1 : peer[static_cast<std::size_t>(in_peer)];
+    x.to = landing{dst, bytes, base % bytes, src, 0, add_hi};
+    x.in = in;
+    p.streams.push_back(x);
+  };
+  if (op == "all_gather") p.own_block = block;
+  if (!pairs) {  // the ring: to the next rank, from the one before
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    if (op == "broadcast")  // a chain from rank 0
+      add_stream(rank < n - 1 ? next : -1, rank < n - 1 ? bytes : 0, rank > 0 ? prev : -1, rank > 0 ? bytes : 0, 0, 0);
+    else if (op == "all_gather")  // the others' blocks land after the own, around the output
+      add_stream(next, rest, prev, rest, (urank + 1) % un * block, 0);
+    else if (op == "reduce_scatter")  // all that arrives summed with the rank's input
+      add_stream(next, rest, prev, rest, 0, rest);
+    else  // all_reduce: the reduce-scatter's bytes summed, the all-gather's landed
+      add_stream(next, 2 * rest, prev, 2 * rest, 0, rest);
+    return p;
+  }
+  // All pairs: a stream with every other rank, its bytes split evenly among them.
+  for (int q = 0, i = 0; q < n; ++q) {
+    if (q == rank) continue;
+    const auto idx = static_cast<std::size_t>(i++);
+    if (op == "broadcast") {  // rank 0 sends every other rank all of it
+      if (rank == 0) add_stream(q, bytes, -1, 0, 0, 0);
+      if (q == 0) add_stream(-1, 0, 0, bytes, 0, 0);
+    } else if (op == "all_gather") {  // the own block to each; each one's block into its place
+      add_stream(q, block, q, block, static_cast<std::size_t>(q) * block, 0);
+    } else if (op == "reduce_scatter") {  // each its block; theirs of mine summed with my input
+      add_stream(q, block, q, block, idx * block, block);
+    } else {  // all_reduce: as reduce_scatter, then the all-gather's block
+      add_stream(q, 2 * block, q, 2 * block, idx * 2 * block, block);
     }
   }
-  if (!s.bounce) to.finish_direct();
+  return p;
 }
 
-// Bytes each rank sends and receives per call: {rank 0 out, rank 0 in}; rank 1 mirrors.
-std::pair<std::size_t, std::size_t> traffic(const std::string& op, std::size_t bytes) {
-  if (op == "broadcast") return {bytes, 0};
-  if (op == "all_reduce") return {bytes, bytes};
-  return {bytes / 2, bytes / 2};
+void one_call(const plan& p, int rank, const char* src, char* dst, char* bounce, const setting& s) {
+  if (p.own_block > 0) plait::kernel::copy_bytes(dst + static_cast<std::size_t>(rank) * p.own_block, src, p.own_block);
+  move(p.streams, bounce, s);
 }
 
-// One call of `op` on `rank`: its bytes through the socket and its local memory work.
-// src and dst hold `bytes`, scratch half of them.
-void one_call(const std::string& op, int rank, int fd, char* src, char* dst, char* bounce, std::size_t bytes,
-              std::size_t out, std::size_t in, const setting& s) {
-  const std::size_t half = bytes / 2, mine = rank == 0 ? 0 : half, theirs = half - mine;
-  if (op == "broadcast") {
-    move(fd, src, out, landing{dst, nullptr, 0, 0, bounce}, in, s);
-  } else if (op == "all_gather") {  // own block into the output, the other's received into its block
-    plait::kernel::copy_bytes(dst + mine, src, half);
-    move(fd, src, half, landing{dst + theirs, nullptr, 0, 0, bounce}, half, s);
-  } else if (op == "reduce_scatter") {  // the other's part of my half, added to mine into the output
-    move(fd, src + theirs, half, landing{dst, src + mine, 0, half, bounce}, half, s);
-  } else {  // all_reduce: all of the other's buffer, my half added to mine
-    move(fd, src, bytes, landing{dst, src, mine, mine + half, bounce}, bytes, s);
-  }
-}
-
-// A loopback connection pair: `listener` was made before the fork; rank 1 connects.
-int connect_to(const sockaddr_in& a, bool big) {
+int make_socket(bool big) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) die("socket");
-  if (big) {
+  if (big) {  // on a listener: set before listen, the accepted socket's window scale follows
     ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big_buffers, sizeof big_buffers);
     ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big_buffers, sizeof big_buffers);
   }
+  return fd;
+}
+
+int connect_to(const sockaddr_in& a, bool big) {
+  const int fd = make_socket(big);
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) die("connect");
   return fd;
 }
 
-int listen_on_loopback(sockaddr_in& a, bool big) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) die("socket");
-  if (big) {  // set on the listener, before listen: the accepted socket's window scale follows
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big_buffers, sizeof big_buffers);
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big_buffers, sizeof big_buffers);
-  }
+int listen_on_loopback(sockaddr_in& a, bool big, int backlog) {
+  const int fd = make_socket(big);
   a = {};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 1) != 0 ||
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, backlog) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
     die("listen on 127.0.0.1");
   return fd;
 }
 
-void bind_to_cpu(int rank) {
+// The CPUs this process may run on.
+int allowed_cpus() {
   cpu_set_t allowed;
-  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 1;
+  return CPU_COUNT(&allowed);
+}
+
+// One CPU per rank where there are enough (as plaitrun binds), else none.
+void bind_to_cpu(int rank, int ranks) {
+  cpu_set_t allowed;
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < ranks) return;
   int seen = 0;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
     if (!CPU_ISSET(c, &allowed)) continue;
@@ -254,13 +402,22 @@ void bind_to_cpu(int rank) {
   }
 }
 
-int run(int rank, const bench::options& o, control ctl, int fd_auto, int fd_big) {
-  bind_to_cpu(rank);
-  for (int fd : {fd_auto, fd_big}) {
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    set_nonblocking(fd);
-  }
+std::string placement(int ranks) {
+  const std::string n = std::to_string(ranks);
+  if (allowed_cpus() >= ranks) return n + " processes bound to CPUs 0.." + std::to_string(ranks - 1);
+  return n + " processes on " + std::to_string(allowed_cpus()) + " CPUs, not bound";
+}
+
+int run(int rank, int ranks, const bench::options& o, const control& ctl, const links& net) {
+  bind_to_cpu(rank, ranks);
+  for (const std::vector<int>& kind : net.peer)
+    for (int fd : kind) {
+      if (fd < 0) continue;
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      set_nonblocking(fd);
+    }
+  const bool may_spin = allowed_cpus() >= ranks;
   const std::vector<std::size_t> sizes = bench::sizes(o);
   const std::size_t top = sizes.empty() ? 0 : sizes.back();
   // Touched now, not while timing.
@@ -269,62 +426,64 @@ int run(int rank, const bench::options& o, control ctl, int fd_auto, int fd_big)
 
   // What the kernel gave for the 4 MiB asked (capped by net.core.wmem_max / rmem_max;
   // getsockopt reports twice the size, bookkeeping included).
+  const int some_big = net.peer[1][rank == 0 ? 1 : 0];
   int given_snd = 0, given_rcv = 0;
   socklen_t len = sizeof given_snd;
-  ::getsockopt(fd_big, SOL_SOCKET, SO_SNDBUF, &given_snd, &len);
+  ::getsockopt(some_big, SOL_SOCKET, SO_SNDBUF, &given_snd, &len);
   len = sizeof given_rcv;
-  ::getsockopt(fd_big, SOL_SOCKET, SO_RCVBUF, &given_rcv, &len);
-  bench::report rep(
-      o, "tcp-ceiling", "0.1", 2,
-      "2 processes bound to CPUs 0 and 1, loopback TCP (TCP_NODELAY), the bytes and local memory work "
-      "the collective must do (own block copied, one float-sum pass), no framing; per size the best of "
-      "write 64K/256K/1M/4M x landing (direct, through a bounce buffer) x buffers (the kernel's autotuned, or "
-      "SO_SNDBUF = SO_RCVBUF = 4 MiB asked: getsockopt gives " +
-          std::to_string(given_snd >> 10) + "K / " + std::to_string(given_rcv >> 10) + "K) x wait (poll, spin)",
-      rank == 0);
+  ::getsockopt(some_big, SOL_SOCKET, SO_RCVBUF, &given_rcv, &len);
+  bench::report rep(o, "tcp-ceiling", "0.1", ranks,
+                    placement(ranks) +
+                        ", loopback TCP (TCP_NODELAY), the bytes and local memory work the collective must do (own "
+                        "block copied, one float-sum pass), no framing; per size the best of " +
+                        (ranks > 2 ? "pattern (ring, all pairs) x " : "") +
+                        "write 64K/256K/1M/4M x landing (direct, through a bounce buffer) x buffers (the kernel's "
+                        "autotuned, or SO_SNDBUF = SO_RCVBUF = 4 MiB asked: getsockopt gives " +
+                        std::to_string(given_snd >> 10) + "K / " + std::to_string(given_rcv >> 10) + "K) x wait (poll" +
+                        (may_spin ? ", spin)" : "; no spin: more ranks than CPUs)"),
+                    rank == 0);
   rep.header();
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     rep.progress(i, sizes.size(), sizes[i]);
-    const std::size_t count = bench::count_for(o, sizes[i], sizeof(float), 2);
+    const std::size_t count = bench::count_for(o, sizes[i], sizeof(float), ranks);
     const std::size_t bytes = count * sizeof(float);
-    auto [out, in] = traffic(o.op, bytes);
-    if (rank == 1 && o.op == "broadcast") std::swap(out, in);
     double best = 0;
     long faults = 0;
     setting best_setting;
     bool tried = false;
-    for (std::size_t c : chunk_sizes) {
-      const std::size_t payload = std::max(out, in);
-      const std::size_t write = std::min(c, std::max<std::size_t>(payload, 1));
-      for (bool through_bounce : {false, true})
-        for (bool big : {false, true})
-          for (bool spin : {false, true}) {
-            const setting s{write, through_bounce, big, spin};
-            const int fd = big ? fd_big : fd_auto;
-            const bench::timed_calls t = bench::time_calls(
-                o.warmup, o.iters,
-                [&] { one_call(o.op, rank, fd, src.data(), dst.data(), bounce.data(), bytes, out, in, s); },
-                [&] { ctl.barrier(); });
-            double mine = bench::median(t.us), theirs = 0;
-            long their_faults = 0;
-            // Rank 1 sends its median and faults; rank 0 takes the maximum.
-            if (rank == 1) {
-              ctl.put(&mine, sizeof mine);
-              ctl.put(&t.faults, sizeof t.faults);
-            } else {
-              ctl.get(&theirs, sizeof theirs);
-              ctl.get(&their_faults, sizeof their_faults);
-              const double both = std::max(mine, theirs);
-              if (!tried || both < best) {
-                best = both;
-                best_setting = s;
+    for (bool pairs : {false, true}) {
+      if (pairs && ranks == 2) continue;  // one connection: the ring is every pair
+      // Every rank walks the same grid: the most bytes one stream carries sets it.
+      std::size_t payload = 0;
+      for (int r = 0; r < ranks; ++r)
+        for (const stream& x : plan_for(o.op, r, ranks, net.peer[0], pairs, src.data(), dst.data(), bytes).streams)
+          payload = std::max({payload, x.out, x.in});
+      for (std::size_t c : chunk_sizes) {
+        const std::size_t write = std::min(c, std::max<std::size_t>(payload, 1));
+        for (bool through_bounce : {false, true})
+          for (bool big : {false, true})
+            for (bool spin : {false, true}) {
+              if (spin && !may_spin) continue;
+              const setting s{write, through_bounce, big, spin, pairs};
+              const plan p = plan_for(o.op, rank, ranks, net.peer[big ? 1 : 0], pairs, src.data(), dst.data(), bytes);
+              const bench::timed_calls t = bench::time_calls(
+                  o.warmup, o.iters, [&] { one_call(p, rank, src.data(), dst.data(), bounce.data(), s); },
+                  [&] { ctl.barrier(); });
+              double slowest = bench::median(t.us);
+              long most_faults = t.faults;
+              ctl.gather_max(slowest, most_faults);
+              if (rank == 0) {
+                if (!tried || slowest < best) {
+                  best = slowest;
+                  best_setting = s;
+                }
+                faults = std::max(faults, most_faults);
               }
-              faults = std::max({faults, t.faults, their_faults});
+              tried = true;
+              ctl.barrier();
             }
-            tried = true;
-            ctl.barrier();
-          }
-      if (write == payload) break;  // one write per call already
+        if (write == payload) break;  // one write per call already
+      }
     }
     bench::row r;
     r.bytes = bytes;
@@ -333,19 +492,54 @@ int run(int rank, const bench::options& o, control ctl, int fd_auto, int fd_big)
     r.time_us = best;
     r.minflt = static_cast<double>(faults) / o.iters;
     rep.add(r);
-    if (rank == 0) std::printf("#   best at %zu B: %s\n", bytes, best_setting.text().c_str());
+    if (rank == 0) std::printf("#   best at %zu B: %s\n", bytes, best_setting.text(ranks).c_str());
   }
   return rep.finish() ? 0 : 1;
+}
+
+constexpr int max_ranks = 16;
+
+// Connects every pair of ranks (the kernel's buffers and 4 MiB asked): rank r connects to
+// each rank below it and says who it is; it accepts the ranks above it. A connect
+// completes in the listener's backlog, so no rank waits for another's accept.
+links connect_all(int rank, int ranks, const std::vector<sockaddr_in>& addr, const std::vector<int>& listener) {
+  links net;
+  for (int big = 0; big < 2; ++big) {
+    std::vector<int>& peer = net.peer[big];
+    peer.assign(static_cast<std::size_t>(ranks), -1);
+    for (int q = 0; q < rank; ++q) {
+      const int fd = connect_to(addr[2 * static_cast<std::size_t>(q) + static_cast<std::size_t>(big)], big != 0);
+      put_all(fd, &rank, sizeof rank);
+      peer[static_cast<std::size_t>(q)] = fd;
+    }
+    for (int k = rank + 1; k < ranks; ++k) {
+      const int fd =
+          ::accept(listener[2 * static_cast<std::size_t>(rank) + static_cast<std::size_t>(big)], nullptr, nullptr);
+      if (fd < 0) die("accept");
+      int who = -1;
+      get_all(fd, &who, sizeof who);
+      if (who <= rank || who >= ranks || peer[static_cast<std::size_t>(who)] >= 0) {
+        errno = EPROTO;
+        die("accept (a connection from no rank expected)");
+      }
+      peer[static_cast<std::size_t>(who)] = fd;
+    }
+  }
+  return net;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // -N: the only rank count measured is 2 (taken for bench/compare's sake).
   std::vector<char*> rest{argv[0]};
+  int ranks = 2;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "-N") == 0 && i + 1 < argc) {
-      if (std::strcmp(argv[++i], "2") != 0) bench::usage(argv[0], "only 2 ranks (-N 2) are measured");
+      char* end = nullptr;
+      const long n = std::strtol(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || n < 2 || n > max_ranks)
+        bench::usage(argv[0], "-N must be a rank count from 2 to 16");
+      ranks = static_cast<int>(n);
       continue;
     }
     rest.push_back(argv[i]);
@@ -354,34 +548,49 @@ int main(int argc, char** argv) {
   defaults.transport = "tcp";
   defaults.algo = "best of grid";
   const bench::options o =
-      bench::parse(static_cast<int>(rest.size()), rest.data(), defaults, "  -N 2   ranks (2 only)\n");
+      bench::parse(static_cast<int>(rest.size()), rest.data(), defaults, "  -N n   ranks, 2 to 16 (default 2)\n");
   if (o.op != "broadcast" && o.op != "all_gather" && o.op != "reduce_scatter" && o.op != "all_reduce")
     bench::usage(argv[0], "-o must be all_reduce, all_gather, reduce_scatter or broadcast");
   if (o.root != 0) bench::usage(argv[0], "-R: only root 0 is measured");
 
-  sockaddr_in a_auto{}, a_big{};
-  const int l_auto = listen_on_loopback(a_auto, false), l_big = listen_on_loopback(a_big, true);
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) die("socketpair");
+  // Every rank's listeners (the kernel's buffers, 4 MiB asked), made before the fork.
+  std::vector<sockaddr_in> addr(2 * static_cast<std::size_t>(ranks));
+  std::vector<int> listener(addr.size(), -1);
+  for (std::size_t k = 0; k < addr.size(); ++k) listener[k] = listen_on_loopback(addr[k], k % 2 == 1, max_ranks);
+  std::vector<int> ctl_root;
+  std::vector<pid_t> children;
   std::fflush(nullptr);
-  const pid_t child = ::fork();
-  if (child < 0) die("fork");
-  if (child == 0) {
-    ::close(pair[0]);
-    ::close(l_auto);
-    ::close(l_big);
-    const int fa = connect_to(a_auto, false), fb = connect_to(a_big, true);
-    std::_Exit(run(1, o, control{pair[1]}, fa, fb));
+  int rank = 0;
+  control ctl;
+  for (int r = 1; r < ranks; ++r) {
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) die("socketpair");
+    const pid_t child = ::fork();
+    if (child < 0) die("fork");
+    if (child == 0) {
+      for (int fd : ctl_root) ::close(fd);
+      ::close(pair[0]);
+      rank = r;
+      ctl = control{{pair[1]}, false};
+      break;
+    }
+    ::close(pair[1]);
+    ctl_root.push_back(pair[0]);
+    children.push_back(child);
   }
-  ::close(pair[1]);
-  const int fa = ::accept(l_auto, nullptr, nullptr), fb = ::accept(l_big, nullptr, nullptr);
-  if (fa < 0 || fb < 0) die("accept");
-  ::close(l_auto);
-  ::close(l_big);
-  const int rc = run(0, o, control{pair[0]}, fa, fb);
-  int status = 0;
-  if (::waitpid(child, &status, 0) != child) die("waitpid");
-  const bool child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  if (!child_ok) std::fprintf(stderr, "tcp-ceiling: rank 1 failed (status %d)\n", status);
-  return rc != 0 || !child_ok ? 1 : 0;
+  if (rank == 0) ctl = control{ctl_root, true};
+  const links net = connect_all(rank, ranks, addr, listener);
+  for (int fd : listener) ::close(fd);
+  const int rc = run(rank, ranks, o, ctl, net);
+  if (rank != 0) std::_Exit(rc);
+  bool children_ok = true;
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    int status = 0;
+    if (::waitpid(children[i], &status, 0) != children[i]) die("waitpid");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "tcp-ceiling: rank %zu failed (status %d)\n", i + 1, status);
+      children_ok = false;
+    }
+  }
+  return rc != 0 || !children_ok ? 1 : 0;
 }

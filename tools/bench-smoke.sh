@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-ninja -C "$build" tools/plaitrun bench/plait-bench bench/cma-rate >/dev/null
+ninja -C "$build" tools/plaitrun bench/plait-bench bench/cma-rate bench/tcp-ceiling >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 small=(-b 4K -e 256K -f 8 -w 1 -n 3 -c 1)
@@ -30,6 +30,12 @@ echo "== bench/ab.sh, one round"
 bash bench/ab.sh -B "$build" -r 1 -n 2 PLAIT_POLL 0,0.0001 -- -t shm -o all_reduce -b 4K -e 8K -w 1 -n 2 -c 1
 echo "== cma-rate"
 "$build/bench/cma-rate" 1M 256K
+echo "== tcp-ceiling, 2 ranks (one connection) and 3 (ring and all pairs)"
+for n in 2 3; do
+  for o in all_reduce all_gather reduce_scatter broadcast; do
+    "$build/bench/tcp-ceiling" -N "$n" -o "$o" -b 4K -e 256K -f 8 -w 1 -n 3
+  done
+done
 
 for impl in openmpi mpich; do
   if [ -x "$build/bench/peers/mpi/peer-$impl-bench" ]; then
