@@ -46,6 +46,12 @@ inline comm_config config_from_env() {
       throw error(errc::invalid_argument, "PLAIT_DEPTH=" + std::to_string(*d) + " is out of range: use 1 to 64 slots");
     cfg.depth = *d;
   }
+  if (auto w = env_bytes("PLAIT_SEND_WINDOW")) {
+    if (*w < 1 || *w > 64)
+      throw error(errc::invalid_argument,
+                  "PLAIT_SEND_WINDOW=" + std::to_string(*w) + " is out of range: use 1 to 64 slots");
+    cfg.send_window = *w;
+  }
   if (auto t = env_seconds("PLAIT_POLL")) {
     if (*t > std::chrono::seconds(1))
       throw error(errc::invalid_argument, "PLAIT_POLL is out of range: use 0 to 1 second");
@@ -87,6 +93,7 @@ class communicator {
     auto world = std::make_shared<bootstrap::world>(bootstrap::join_world(deadline));
     if (world->info.size == 1) {
       if (cfg.depth == 0) cfg.depth = detail::comm_config::default_depth;
+      if (cfg.send_window == 0) cfg.send_window = cfg.depth;
       communicator c(std::make_unique<detail::comm_core>(0, 1, cfg));
       return c;
     }
@@ -110,9 +117,10 @@ class communicator {
     if (cfg.copy_slice_bytes == 0)
       cfg.copy_slice_bytes =
           cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, detail::comm_config::copy_slice_default);
-    if (cfg.depth == 0)
-      cfg.depth = cfg.network && cfg.one_host ? detail::comm_config::network_depth_on_one_host
-                                              : detail::comm_config::default_depth;
+    if (cfg.depth == 0) cfg.depth = detail::comm_config::default_depth;
+    if (cfg.send_window == 0)
+      cfg.send_window = cfg.network && cfg.one_host ? detail::comm_config::network_window_on_one_host : cfg.depth;
+    cfg.send_window = std::min(cfg.send_window, cfg.depth);
     auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
     if (size > 1) {
       std::vector<int> peers;
@@ -121,6 +129,7 @@ class communicator {
       link_config lc;
       lc.slot_bytes = cfg.slot_bytes();
       lc.depth = cfg.depth;
+      lc.send_window_bytes = cfg.send_window * lc.slot_bytes;
       lc.connect_timeout = cfg.timeout;
       lc.single_copy = cfg.single_copy;
       auto links = Transport::connect(*ctx, core->bell(), lc, std::span<const int>(peers));
@@ -144,6 +153,9 @@ class communicator {
   std::size_t slice_bytes() const noexcept { return core_->config().slice_bytes; }
   std::size_t copy_slice_bytes() const noexcept { return core_->config().copy_slice_bytes; }
   std::size_t pipeline_depth() const noexcept { return core_->config().depth; }
+  // Full slots' worth of payload a link may send ahead of the peer's credits (at most
+  // pipeline_depth(); PLAIT_SEND_WINDOW).
+  std::size_t send_window() const noexcept { return core_->config().send_window; }
 
   template <class Rep, class Period>
   void set_timeout(std::chrono::duration<Rep, Period> t) {
@@ -192,10 +204,11 @@ class communicator {
     }
   }
 
-  // Rank 0's slice sizes and depth are everyone's (slots must be the same size).
+  // Rank 0's slice sizes, depth and send window are everyone's (slots must be the same
+  // size; the window is one rule for the whole job).
   static void agree_on_config(bootstrap_context& ctx, detail::comm_config& cfg, clock::time_point deadline) {
     if (ctx.size() == 1) return;
-    std::uint64_t v[3] = {cfg.slice_bytes, cfg.depth, cfg.copy_slice_bytes};
+    std::uint64_t v[4] = {cfg.slice_bytes, cfg.depth, cfg.copy_slice_bytes, cfg.send_window};
     if (ctx.rank() == 0) {
       ctx.put("config", std::as_bytes(std::span(v)));
     } else {
@@ -205,6 +218,7 @@ class communicator {
       cfg.slice_bytes = static_cast<std::size_t>(v[0]);
       cfg.depth = static_cast<std::size_t>(v[1]);
       cfg.copy_slice_bytes = static_cast<std::size_t>(v[2]);
+      cfg.send_window = static_cast<std::size_t>(v[3]);
     }
   }
 

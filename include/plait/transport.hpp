@@ -104,6 +104,10 @@ struct link_config {
   // Transports that can let a peer copy straight from this rank's memory (shm: CMA)
   // may; false keeps every byte in slots (PLAIT_SINGLE_COPY=off).
   bool single_copy = true;
+  // Payload bytes a link may send ahead of the peer's credits, besides at most depth
+  // frames (0: no cap but the slots); a frame always goes when nothing is out. Only
+  // transports with a sender-side window (tcp) read it.
+  std::size_t send_window_bytes = 0;
 };
 
 // A received slot, valid until release().

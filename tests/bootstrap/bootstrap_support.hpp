@@ -65,6 +65,7 @@ inline const std::vector<std::string>& bootstrap_variables() {
                                                  "PLAIT_SLICE_BYTES",
                                                  "PLAIT_COPY_SLICE_BYTES",
                                                  "PLAIT_DEPTH",
+                                                 "PLAIT_SEND_WINDOW",
                                                  "PLAIT_POLL",
                                                  "PLAIT_PROGRESS",
                                                  "PLAIT_SINGLE_COPY",

@@ -196,14 +196,17 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   CHECK(defaults.slice_bytes == 256 * 1024);
   CHECK(defaults.depth == 0);             // resolved per transport by communicator::create
   CHECK(defaults.copy_slice_bytes == 0);  // the same
+  CHECK(defaults.send_window == 0);       // the same
   CHECK(defaults.poll.count() < 0);       // automatic: decided by ranks per core
   env.set("PLAIT_SLICE_BYTES", "1M");
   env.set("PLAIT_DEPTH", "8");
+  env.set("PLAIT_SEND_WINDOW", "2");
   env.set("PLAIT_COPY_SLICE_BYTES", "4M");
   env.set("PLAIT_POLL", "0.00005");
   const auto set = config_from_env();
   CHECK(set.slice_bytes == (1u << 20));
   CHECK(set.depth == 8);
+  CHECK(set.send_window == 2);
   CHECK(set.copy_slice_bytes == (4u << 20));
   CHECK(set.poll == std::chrono::microseconds(50));
   env.set("PLAIT_POLL", "0");
@@ -226,6 +229,8 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
                                                      {"PLAIT_COPY_SLICE_BYTES", "65M"},
                                                      {"PLAIT_DEPTH", "0"},
                                                      {"PLAIT_DEPTH", "65"},
+                                                     {"PLAIT_SEND_WINDOW", "0"},
+                                                     {"PLAIT_SEND_WINDOW", "65"},
                                                      {"PLAIT_POLL", "2"},
                                                      {"PLAIT_POLL", "fast"},
                                                      {"PLAIT_PROGRESS", "Thread"},

@@ -249,7 +249,7 @@ void check_cases(int n, std::function<case_list<Tr>()> make, rank_options opt = 
 }
 
 // The slices and depth every rank of a 2-rank job agreed on, given PLAIT_SLICE_BYTES
-// and PLAIT_COPY_SLICE_BYTES (empty: unset): {slice, copy slice, depth} of rank 0,
+// and PLAIT_COPY_SLICE_BYTES (empty: unset): {slice, copy slice, depth, send window} of rank 0,
 // then rank 1.
 template <class Tr>
 std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::string& copy_slice) {
@@ -259,7 +259,7 @@ std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::st
   auto results = run_ranks<Tr>(
       2,
       [](communicator<Tr>& c) {
-        std::vector<std::uint64_t> v = {c.slice_bytes(), c.copy_slice_bytes(), c.pipeline_depth()};
+        std::vector<std::uint64_t> v = {c.slice_bytes(), c.copy_slice_bytes(), c.pipeline_depth(), c.send_window()};
         return std::vector<blob>{to_blob(v)};
       },
       opt);
@@ -274,8 +274,8 @@ std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::st
 }
 
 // What 3 ranks with these host identities agreed at start-up: per rank, whether
-// they all share one host, whether automatic counts messages, and the depth
-// (comm_config).
+// they all share one host, whether automatic counts messages, the depth and the
+// send window (comm_config).
 template <class Tr>
 std::vector<int> agreed_hosts(std::function<std::string(int)> host_id) {
   rank_options opt;
@@ -285,7 +285,8 @@ std::vector<int> agreed_hosts(std::function<std::string(int)> host_id) {
       [](communicator<Tr>& c) {
         const auto& cfg = c.core().config();
         return std::vector<blob>{
-            to_blob(std::vector<int>{cfg.one_host ? 1 : 0, cfg.network ? 1 : 0, static_cast<int>(cfg.depth)})};
+            to_blob(std::vector<int>{cfg.one_host ? 1 : 0, cfg.network ? 1 : 0, static_cast<int>(cfg.depth),
+                                     static_cast<int>(cfg.send_window)})};
       },
       opt);
   std::vector<int> got;

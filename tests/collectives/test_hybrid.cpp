@@ -40,7 +40,8 @@ TEST_CASE("16 MiB per rank of float sum over hybrid<shm, tcp> equals the referen
 }
 
 TEST_CASE("hybrid<shm, tcp> on one host is all shm: automatic chooses as over memory", "[collectives][hybrid]") {
-  using v = std::vector<int>;  // per rank: one host, network, depth
-  CHECK(agreed_hosts<mixed>([](int) { return "node-a"; }) == v{1, 0, 4, 1, 0, 4, 1, 0, 4});
-  CHECK(agreed_hosts<mixed>([](int r) { return r == 1 ? "node-b" : "node-a"; }) == v{0, 1, 4, 0, 1, 4, 0, 1, 4});
+  using v = std::vector<int>;  // per rank: one host, network, depth, send window
+  CHECK(agreed_hosts<mixed>([](int) { return "node-a"; }) == v{1, 0, 4, 4, 1, 0, 4, 4, 1, 0, 4, 4});
+  CHECK(agreed_hosts<mixed>([](int r) { return r == 1 ? "node-b" : "node-a"; }) ==
+        v{0, 1, 4, 4, 0, 1, 4, 4, 0, 1, 4, 4});
 }

@@ -32,17 +32,18 @@ TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collec
       large);
 }
 
-TEST_CASE("over tcp broadcast and send/recv go in the pipeline slice unless set; 3 slots on one host",
+TEST_CASE("over tcp broadcast and send/recv go in the pipeline slice unless set; a 3-slot window on one host",
           "[collectives][tcp]") {
-  using v = std::vector<std::uint64_t>;
-  CHECK(agreed_slices<tcp>("4K", "") == v{4096, 4096, 3, 4096, 4096, 3});
-  CHECK(agreed_slices<tcp>("4K", "16K") == v{4096, 16384, 3, 4096, 16384, 3});
+  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window
+  CHECK(agreed_slices<tcp>("4K", "") == v{4096, 4096, 4, 3, 4096, 4096, 4, 3});
+  CHECK(agreed_slices<tcp>("4K", "16K") == v{4096, 16384, 4, 3, 4096, 16384, 4, 3});
 }
 
-TEST_CASE("over tcp the ranks agree whether they share one host, and take 3 slots only then", "[collectives][tcp]") {
-  using v = std::vector<int>;  // per rank: one host, network, depth
-  CHECK(agreed_hosts<tcp>([](int) { return "node-a"; }) == v{1, 1, 3, 1, 1, 3, 1, 1, 3});
+TEST_CASE("over tcp the ranks agree whether they share one host, and take a 3-slot send window only then",
+          "[collectives][tcp]") {
+  using v = std::vector<int>;  // per rank: one host, network, depth, send window
+  CHECK(agreed_hosts<tcp>([](int) { return "node-a"; }) == v{1, 1, 4, 3, 1, 1, 4, 3, 1, 1, 4, 3});
   // One rank elsewhere: every rank says no, the two that share a host included.
-  CHECK(agreed_hosts<tcp>([](int r) { return r == 2 ? "node-b" : "node-a"; }) == v{0, 1, 4, 0, 1, 4, 0, 1, 4});
-  CHECK(agreed_hosts<tcp>([](int r) { return r == 0 ? "node-b" : "node-a"; }) == v{0, 1, 4, 0, 1, 4, 0, 1, 4});
+  CHECK(agreed_hosts<tcp>([](int r) { return r == 2 ? "node-b" : "node-a"; }) == v{0, 1, 4, 4, 0, 1, 4, 4, 0, 1, 4, 4});
+  CHECK(agreed_hosts<tcp>([](int r) { return r == 0 ? "node-b" : "node-a"; }) == v{0, 1, 4, 4, 0, 1, 4, 4, 0, 1, 4, 4});
 }

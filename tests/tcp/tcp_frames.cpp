@@ -38,15 +38,14 @@ struct raw_peer {
   fd_handle link_end;  // with watch_link_end: a duplicate of rank 0's end, to see what it has read
   std::unique_ptr<tcp_link_set> links;
 
-  explicit raw_peer(bool watch_link_end = false) {
+  explicit raw_peer(bool watch_link_end = false, plait::link_config cfg = {slot_bytes, depth, 300ms}) {
     int sv[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
     raw.reset(sv[1]);
     if (watch_link_end) link_end.reset(::fcntl(sv[0], F_DUPFD_CLOEXEC, 0));
     std::vector<std::pair<int, fd_handle>> sockets;
     sockets.emplace_back(1, fd_handle(sv[0]));
-    links =
-        std::make_unique<tcp_link_set>(0, 2, bell, plait::link_config{slot_bytes, depth, 300ms}, std::move(sockets));
+    links = std::make_unique<tcp_link_set>(0, 2, bell, cfg, std::move(sockets));
   }
 
   void send(const void* p, std::size_t n) { plait::detail::send_all(raw.get(), p, n, plait::clock::now() + 5s); }
@@ -176,6 +175,71 @@ TEST_CASE("tcp sends a posted slot as header plus payload, and no more slots tha
   std::vector<std::byte> payload(42);
   plait::detail::recv_all(t.raw.get(), payload.data(), payload.size(), plait::clock::now() + 5s);
   REQUIRE(t.receive<slot_header>().desc.sequence == 3);
+  REQUIRE_NOTHROW(t.links->health(1));
+}
+
+namespace {
+
+// Posts a slot of `bytes` (pattern `index`) to rank 1, waiting up to 2 s for one.
+void post_slot(raw_peer& t, std::uint64_t index, std::uint32_t bytes) {
+  std::byte* p = nullptr;
+  const auto until = plait::clock::now() + 2s;
+  while ((p = t.links->acquire(1)) == nullptr && plait::clock::now() < until) std::this_thread::sleep_for(1ms);
+  REQUIRE(p != nullptr);
+  plait::testing::fill_pattern(p, bytes, 0, 1, index);
+  t.links->post(1, plait::testing::pattern_header(0, index, bytes));
+}
+
+// Receives the next slot on the raw end; returns its sequence after checking its size
+// and payload.
+std::uint64_t receive_slot(raw_peer& t, std::uint32_t bytes) {
+  const auto h = t.receive<slot_header>();
+  REQUIRE(h.magic == plait::detail::slot_magic);
+  REQUIRE(h.bytes == bytes);
+  std::vector<std::byte> payload(h.bytes);
+  plait::detail::recv_all(t.raw.get(), payload.data(), payload.size(), plait::clock::now() + 5s);
+  for (std::size_t j = 0; j < payload.size(); ++j)
+    REQUIRE(payload[j] == plait::testing::pattern_byte(0, 1, h.desc.sequence, j));
+  return h.desc.sequence;
+}
+
+}  // namespace
+
+TEST_CASE("tcp with a send window sends full slots up to its bytes, small ones up to the credits", "[tcp][frames]") {
+  plait::link_config cfg{slot_bytes, 4, 300ms};
+  cfg.send_window_bytes = 2 * slot_bytes;
+  raw_peer t(false, cfg);
+  // Four credits, but two full slots fill the window.
+  for (std::uint64_t i = 0; i < 4; ++i) post_slot(t, i, slot_bytes);
+  REQUIRE(receive_slot(t, slot_bytes) == 0);
+  REQUIRE(receive_slot(t, slot_bytes) == 1);
+  CHECK(t.silent_for(100ms));
+  t.send_control(control_type::credit, 1);  // the window frees as the credits come back
+  REQUIRE(receive_slot(t, slot_bytes) == 2);
+  CHECK(t.silent_for(100ms));
+  t.send_control(control_type::credit, 1);
+  REQUIRE(receive_slot(t, slot_bytes) == 3);
+  t.send_control(control_type::credit, 2);
+  // Four slots of a quarter each fit the window: the credits are the limit.
+  for (std::uint64_t i = 4; i < 9; ++i) post_slot(t, i, slot_bytes / 4);
+  for (std::uint64_t i = 4; i < 8; ++i) REQUIRE(receive_slot(t, slot_bytes / 4) == i);
+  CHECK(t.silent_for(100ms));  // no credit left
+  t.send_control(control_type::credit, 4);
+  REQUIRE(receive_slot(t, slot_bytes / 4) == 8);
+  REQUIRE_NOTHROW(t.links->health(1));
+}
+
+TEST_CASE("tcp sends a slot larger than its send window when nothing else is out", "[tcp][frames]") {
+  plait::link_config cfg{slot_bytes, 4, 300ms};
+  cfg.send_window_bytes = slot_bytes / 2;
+  raw_peer t(false, cfg);
+  for (std::uint64_t i = 0; i < 3; ++i) post_slot(t, i, slot_bytes);
+  REQUIRE(receive_slot(t, slot_bytes) == 0);
+  CHECK(t.silent_for(100ms));
+  t.send_control(control_type::credit, 1);
+  REQUIRE(receive_slot(t, slot_bytes) == 1);
+  t.send_control(control_type::credit, 1);
+  REQUIRE(receive_slot(t, slot_bytes) == 2);
   REQUIRE_NOTHROW(t.links->health(1));
 }
 

@@ -63,12 +63,16 @@ class fifo_list {
 struct comm_config {
   std::chrono::nanoseconds timeout = std::chrono::seconds(600);
   std::size_t slice_bytes = 256 * 1024;  // bench/tune.sh: best of 32K..1M x depth 2, 4 on shm (docs/performance.md)
-  // Slots per FIFO; 0 until communicator::create resolves it: network_depth_on_one_host
-  // over a network transport (tcp) with every rank on one host, else default_depth.
+  // Slots per FIFO; 0 until communicator::create resolves it to default_depth.
   std::size_t depth = 0;
   static constexpr std::size_t default_depth = 4;
-  static constexpr std::size_t network_depth_on_one_host =
-      3;  // docs/performance.md, "TCP on one host: three slots per FIFO"
+  // How many full slots' worth of payload a link may send ahead of the peer's credits
+  // (it never has more than depth frames out); 0 until communicator::create resolves
+  // it: network_window_on_one_host over a network transport (tcp) with every rank on
+  // one host, else depth (no cap but the slots). Small frames still fill every slot.
+  std::size_t send_window = 0;
+  static constexpr std::size_t network_window_on_one_host =
+      3;  // docs/performance.md, "TCP on one host: three slots per FIFO" and "... a send window instead"
   // The slice of plain copies from one rank to another (broadcast, send/recv); 0
   // until communicator::create resolves it: slice_bytes over a network transport,
   // at least copy_slice_default otherwise. Slots hold the larger of the two slices.

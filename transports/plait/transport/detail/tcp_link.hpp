@@ -11,6 +11,9 @@
 // frame; the receiver returns one per release(). So a data frame always finds a free
 // receive slot, the I/O side can always drain the socket, and control frames
 // (credits, closing) are never stuck behind data the executor has not consumed.
+// A send window may also cap the payload bytes of the frames not yet credited back
+// (link_config::send_window_bytes): full frames then stop short of the slots while
+// small ones still use them all. A frame always goes when none is out.
 // Failures (end-of-stream, reset, garbage) are recorded once per link, with a message,
 // under a mutex; health() reads them (see tcp_link_set for when they are raised).
 // Receives into the caller's memory: the executor may expect() a frame still to come
@@ -79,7 +82,8 @@ enum class link_state : int {
 
 class tcp_link {
  public:
-  tcp_link(int rank, int peer, plait::detail::fd_handle fd, std::size_t slot_bytes, std::size_t depth)
+  tcp_link(int rank, int peer, plait::detail::fd_handle fd, std::size_t slot_bytes, std::size_t depth,
+           std::size_t send_window_bytes = 0)
       : rank_(rank),
         peer_(peer),
         fd_(std::move(fd)),
@@ -90,6 +94,8 @@ class tcp_link {
         external_(new const std::byte*[depth]()),
         landings_(new landing[depth]),
         recv_dst_(new std::byte*[depth]()),
+        started_bytes_(new std::size_t[depth]()),
+        window_bytes_(send_window_bytes),
         credits_(depth) {
     plait::detail::set_nonblocking(fd_.get(), true);  // neither I/O driver may block in I/O
   }
@@ -217,14 +223,16 @@ class tcp_link {
       }
       const std::uint64_t limit = closing_ ? posted_limit_ : posted_.load(std::memory_order_acquire);
       std::uint64_t startable = credits_;
+      std::size_t out_bytes = in_flight_bytes_;
       for (std::uint64_t i = sent_local_; i < limit && n + 2 <= max_iov; ++i) {
         const bool started = i == sent_local_ && frame_off_ > 0;
+        const std::size_t bytes = send_.header(i)->bytes;
         if (!started) {
-          if (startable == 0) break;
+          if (!may_start(startable, out_bytes, bytes)) break;
           --startable;
+          out_bytes += bytes;
         }
         const std::size_t off = i == sent_local_ ? frame_off_ : 0;
-        const std::size_t bytes = send_.header(i)->bytes;
         const std::byte* ext = external_[i % depth_];
         if (ext == nullptr) {
           iov[n++] = {send_.slot(i) + off, sizeof(slot_header) + bytes - off};
@@ -268,9 +276,9 @@ class tcp_link {
     if (tx_done_ || want_writable_) return false;
     if (ctl_off_ < ctl_len_ || frame_off_ > 0) return true;
     if (closing_)
-      return !closing_sent_ || (sent_local_ < posted_limit_ && credits_ > 0) || sent_local_ == posted_limit_;
+      return !closing_sent_ || sent_local_ == posted_limit_ || (sent_local_ < posted_limit_ && next_may_start());
     if (released_.load(std::memory_order_seq_cst) != credited_) return true;
-    return credits_ > 0 && posted_.load(std::memory_order_seq_cst) != sent_local_;
+    return posted_.load(std::memory_order_seq_cst) != sent_local_ && next_may_start();
   }
 
   // Anything this rank still owes the peer, whether or not it can go now: a frame or
@@ -437,6 +445,8 @@ class tcp_link {
           return garbage("a credit of " + std::to_string(c.value) + " slots when only " +
                          std::to_string(spent_credits_) + " were outstanding"),
                  false;
+        for (std::uint64_t i = started_ - spent_credits_, end = i + c.value; i < end; ++i)
+          in_flight_bytes_ -= started_bytes_[i % depth_];
         spent_credits_ -= c.value;
         credits_ += c.value;
         return true;
@@ -505,11 +515,14 @@ class tcp_link {
     k -= c;
     const std::uint64_t before = sent_local_;
     while (k > 0) {
-      if (frame_off_ == 0) {  // this frame starts now: it spends a credit
+      const std::size_t bytes = send_.header(sent_local_)->bytes;
+      if (frame_off_ == 0) {  // this frame starts now: it spends a credit, and its bytes the window
         --credits_;
         ++spent_credits_;
+        started_bytes_[started_++ % depth_] = bytes;
+        in_flight_bytes_ += bytes;
       }
-      const std::size_t len = sizeof(slot_header) + send_.header(sent_local_)->bytes;
+      const std::size_t len = sizeof(slot_header) + bytes;
       const std::size_t d = std::min(k, len - frame_off_);
       frame_off_ += d;
       k -= d;
@@ -521,6 +534,17 @@ class tcp_link {
     if (sent_local_ == before) return false;
     sent_.store(sent_local_, std::memory_order_release);
     return true;
+  }
+
+  // Whether a frame of `bytes` may start with `credits` left and `out_bytes` not yet
+  // credited back: a credit, and room in the send window (always, when nothing is out).
+  bool may_start(std::uint64_t credits, std::size_t out_bytes, std::size_t bytes) const noexcept {
+    if (credits == 0) return false;
+    return window_bytes_ == 0 || out_bytes == 0 || out_bytes + bytes <= window_bytes_;
+  }
+  // The same for the next posted frame (sent_local_, posted: its header is written).
+  bool next_may_start() const noexcept {
+    return may_start(credits_, in_flight_bytes_, send_.header(sent_local_)->bytes);
   }
 
   void finish_tx() {
@@ -550,6 +574,10 @@ class tcp_link {
   // Per receive slot: where its payload was read to (the slot, or where it landed);
   // written by the I/O side before arrived_, read by the executor after it.
   std::unique_ptr<std::byte*[]> recv_dst_;
+  // Per frame started and not yet credited back (by start count modulo depth): its
+  // payload bytes. I/O side only.
+  std::unique_ptr<std::size_t[]> started_bytes_;
+  const std::size_t window_bytes_;  // link_config::send_window_bytes (0: no cap)
 
   // Shared counters, one writer each.
   alignas(64) std::atomic<std::uint64_t> posted_{0};  // executor
@@ -582,6 +610,8 @@ class tcp_link {
   std::uint64_t credits_;            // frames that may start now
   std::uint64_t spent_credits_ = 0;  // frames started and not yet credited back
   std::uint64_t credited_ = 0;       // releases already returned as credits
+  std::uint64_t started_ = 0;        // frames started
+  std::size_t in_flight_bytes_ = 0;  // payload bytes of the spent_credits_ frames
   std::byte ctl_[2 * sizeof(control_frame)];
   std::size_t ctl_len_ = 0, ctl_off_ = 0;
   bool want_writable_ = false;
