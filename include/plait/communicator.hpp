@@ -92,8 +92,7 @@ class communicator {
     const auto deadline = clock::now() + cfg.timeout;
     auto world = std::make_shared<bootstrap::world>(bootstrap::join_world(deadline));
     if (world->info.size == 1) {
-      if (cfg.depth == 0) cfg.depth = detail::comm_config::default_depth;
-      if (cfg.send_window == 0) cfg.send_window = cfg.depth;
+      resolve_depth(cfg, false);
       communicator c(std::make_unique<detail::comm_core>(0, 1, cfg));
       return c;
     }
@@ -117,10 +116,7 @@ class communicator {
     if (cfg.copy_slice_bytes == 0)
       cfg.copy_slice_bytes =
           cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, detail::comm_config::copy_slice_default);
-    if (cfg.depth == 0) cfg.depth = detail::comm_config::default_depth;
-    if (cfg.send_window == 0)
-      cfg.send_window = cfg.network && cfg.one_host ? detail::comm_config::network_window_on_one_host : cfg.depth;
-    cfg.send_window = std::min(cfg.send_window, cfg.depth);
+    resolve_depth(cfg, cfg.network && cfg.one_host);
     auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
     if (size > 1) {
       std::vector<int> peers;
@@ -202,6 +198,16 @@ class communicator {
       }
       throw;
     }
+  }
+
+  // The depth and send window left unset (0): default_depth, and a window of
+  // network_window_on_one_host slots over a network transport on one host, else the
+  // depth; a window is never more than the depth.
+  static void resolve_depth(detail::comm_config& cfg, bool network_on_one_host) noexcept {
+    if (cfg.depth == 0) cfg.depth = detail::comm_config::default_depth;
+    if (cfg.send_window == 0)
+      cfg.send_window = network_on_one_host ? detail::comm_config::network_window_on_one_host : cfg.depth;
+    cfg.send_window = std::min(cfg.send_window, cfg.depth);
   }
 
   // Rank 0's slice sizes, depth and send window are everyone's (slots must be the same

@@ -445,7 +445,7 @@ class tcp_link {
           return garbage("a credit of " + std::to_string(c.value) + " slots when only " +
                          std::to_string(spent_credits_) + " were outstanding"),
                  false;
-        for (std::uint64_t i = started_ - spent_credits_, end = i + c.value; i < end; ++i)
+        for (std::uint64_t i = frames_started() - spent_credits_, end = i + c.value; i < end; ++i)
           in_flight_bytes_ -= started_bytes_[i % depth_];
         spent_credits_ -= c.value;
         credits_ += c.value;
@@ -519,7 +519,7 @@ class tcp_link {
       if (frame_off_ == 0) {  // this frame starts now: it spends a credit, and its bytes the window
         --credits_;
         ++spent_credits_;
-        started_bytes_[started_++ % depth_] = bytes;
+        started_bytes_[sent_local_ % depth_] = bytes;
         in_flight_bytes_ += bytes;
       }
       const std::size_t len = sizeof(slot_header) + bytes;
@@ -542,6 +542,8 @@ class tcp_link {
     if (credits == 0) return false;
     return window_bytes_ == 0 || out_bytes == 0 || out_bytes + bytes <= window_bytes_;
   }
+  // Frames whose first byte has been written: those sent, and the one half written.
+  std::uint64_t frames_started() const noexcept { return sent_local_ + (frame_off_ > 0 ? 1 : 0); }
   // The same for the next posted frame (sent_local_, posted: its header is written).
   bool next_may_start() const noexcept {
     return may_start(credits_, in_flight_bytes_, send_.header(sent_local_)->bytes);
@@ -574,7 +576,7 @@ class tcp_link {
   // Per receive slot: where its payload was read to (the slot, or where it landed);
   // written by the I/O side before arrived_, read by the executor after it.
   std::unique_ptr<std::byte*[]> recv_dst_;
-  // Per frame started and not yet credited back (by start count modulo depth): its
+  // Per frame started and not yet credited back (by frame index modulo depth): its
   // payload bytes. I/O side only.
   std::unique_ptr<std::size_t[]> started_bytes_;
   const std::size_t window_bytes_;  // link_config::send_window_bytes (0: no cap)
@@ -610,7 +612,6 @@ class tcp_link {
   std::uint64_t credits_;            // frames that may start now
   std::uint64_t spent_credits_ = 0;  // frames started and not yet credited back
   std::uint64_t credited_ = 0;       // releases already returned as credits
-  std::uint64_t started_ = 0;        // frames started
   std::size_t in_flight_bytes_ = 0;  // payload bytes of the spent_credits_ frames
   std::byte ctl_[2 * sizeof(control_frame)];
   std::size_t ctl_len_ = 0, ctl_off_ = 0;
