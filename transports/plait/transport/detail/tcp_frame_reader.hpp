@@ -1,9 +1,12 @@
 // frame_reader: turns the bytes of one non-blocking socket into frames (tcp_wire.hpp).
 //
 // Used by the link's I/O side only. A slot's payload is read straight into the
-// destination the sink gives for it (no copy for large slots); everything else lands
-// in a 64 KiB staging buffer and is parsed from there, frames split across any number
-// of reads included. The sink (tcp_link) decides what a frame means:
+// destination the sink gives for it; everything else lands in a 64 KiB staging buffer
+// and is parsed from there, frames split across any number of reads included. After a
+// large slot (16 KiB and more) the reader asks for no more than one header beyond the
+// payload in progress, so the next large payload is read straight into its destination
+// too, not staged and copied; after a small one it reads up to 64 KiB at once, many
+// small frames in one call. The sink (tcp_link) decides what a frame means:
 //   std::byte* on_slot_header(const slot_header&)  payload destination, nullptr to stop
 //   void on_slot_complete()                         the whole payload is in place
 //   bool on_control(const control_frame&)           false to stop
@@ -60,11 +63,16 @@ class frame_reader {
         begin_ = 0;
       }
       // The payload in progress first, straight into its slot; what follows it into staging.
+      // After a large slot, staging holds at most one header's bytes (parse() took the
+      // rest), so the room asked for ends at the next header.
+      std::size_t room = staging_bytes - end_;
+      if (large_ && end_ < sizeof(plait::detail::slot_header)) room = sizeof(plait::detail::slot_header) - end_;
       iovec iov[2];
       int n = 0;
       if (payload_left_ > 0) iov[n++] = {payload_dst_, payload_left_};
-      iov[n++] = {staging_.get() + end_, staging_bytes - end_};
-      const std::size_t asked = payload_left_ + (staging_bytes - end_);
+      iov[n++] = {staging_.get() + end_, room};
+      const std::size_t asked = payload_left_ + room;
+      ++reads_;
       const ssize_t k = ::readv(fd, iov, n);
       if (k == 0) return r.status = read_status::end_of_stream, r;
       if (k < 0) {
@@ -102,9 +110,14 @@ class frame_reader {
   std::size_t payload_left() const noexcept { return payload_left_; }
   void redirect(std::byte* dst) noexcept { payload_dst_ = dst; }
 
- private:
-  static constexpr std::size_t staging_bytes = 64 * 1024;
+  // Diagnostics: readv calls made, and payload bytes copied out of staging.
+  std::uint64_t reads() const noexcept { return reads_; }
+  std::uint64_t staged_payload_bytes() const noexcept { return staged_payload_bytes_; }
 
+  static constexpr std::size_t staging_bytes = 64 * 1024;
+  static constexpr std::size_t large_slot_bytes = 16 * 1024;
+
+ private:
   // Delivers every whole frame in staging; false when the sink stopped.
   template <class Sink>
   bool parse(Sink& sink, bool& news) {
@@ -114,6 +127,7 @@ class frame_reader {
         if (avail == 0) return true;
         const std::size_t d = std::min(avail, payload_left_);
         std::memcpy(payload_dst_, staging_.get() + begin_, d);
+        staged_payload_bytes_ += d;
         payload_dst_ += d;
         payload_left_ -= d;
         begin_ += d;
@@ -134,6 +148,7 @@ class frame_reader {
         begin_ += sizeof h;
         std::byte* dst = sink.on_slot_header(h);  // checks h.bytes against the slot size
         if (dst == nullptr) return false;
+        large_ = h.bytes >= large_slot_bytes;
         if (h.bytes == 0) {
           sink.on_slot_complete();
           news = true;
@@ -160,6 +175,8 @@ class frame_reader {
   std::size_t begin_ = 0, end_ = 0;  // unparsed bytes in staging
   std::byte* payload_dst_ = nullptr;
   std::size_t payload_left_ = 0;
+  bool large_ = false;  // the last slot's payload was large_slot_bytes or more
+  std::uint64_t reads_ = 0, staged_payload_bytes_ = 0;
 };
 
 }  // namespace plait::transport::tcp_detail
