@@ -182,43 +182,42 @@ collecting_sink read_all(const std::vector<std::vector<std::byte>>& frames,
   return sink;
 }
 
+// Appends `count` slots of `bytes` each, numbered on from those already there, as rank 1 writes them.
+void add_slot_frames(std::vector<std::vector<std::byte>>& frames, std::size_t count, std::uint32_t bytes) {
+  for (std::size_t i = 0; i < count; ++i) frames.push_back(raw_peer::slot_frame(bytes, frames.size()));
+}
+
+// Every frame arrived, whole and in order.
+void require_payloads(const collecting_sink& sink, const std::vector<std::vector<std::byte>>& frames) {
+  REQUIRE(sink.payloads.size() == frames.size());
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    const std::size_t bytes = frames[i].size() - sizeof(slot_header);
+    REQUIRE(std::memcmp(sink.payloads[i].data(), frames[i].data() + sizeof(slot_header), bytes) == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("tcp frame reader: large payloads go straight to their destination, small frames many to a read",
           "[tcp][frames]") {
   using plait::transport::tcp_detail::frame_reader;
+  std::vector<std::vector<std::byte>> frames;
+  frame_reader reader;
   SECTION("after the first large slot, no payload byte is staged and copied") {
-    constexpr std::uint32_t big = 256 * 1024;
-    std::vector<std::vector<std::byte>> frames;
-    for (std::uint64_t i = 0; i < 8; ++i) frames.push_back(raw_peer::slot_frame(big, i));
-    frame_reader reader;
-    const collecting_sink sink = read_all(frames, reader);
-    REQUIRE(sink.payloads.size() == frames.size());
-    for (std::size_t i = 0; i < frames.size(); ++i)
-      REQUIRE(std::memcmp(sink.payloads[i].data(), frames[i].data() + sizeof(slot_header), big) == 0);
+    add_slot_frames(frames, 8, 256 * 1024);
+    require_payloads(read_all(frames, reader), frames);
     // Only the first frame's start can come through staging (its header was unknown).
     CHECK(reader.staged_payload_bytes() < frame_reader::staging_bytes);
   }
   SECTION("small frames written at once are read many per call") {
-    std::vector<std::vector<std::byte>> frames;
-    for (std::uint64_t i = 0; i < 200; ++i) frames.push_back(raw_peer::slot_frame(100, i));
-    frame_reader reader;
-    const collecting_sink sink = read_all(frames, reader);
-    REQUIRE(sink.payloads.size() == frames.size());
-    for (std::size_t i = 0; i < frames.size(); ++i)
-      REQUIRE(std::memcmp(sink.payloads[i].data(), frames[i].data() + sizeof(slot_header), 100) == 0);
+    add_slot_frames(frames, 200, 100);
+    require_payloads(read_all(frames, reader), frames);
     CHECK(reader.reads() < 50);
   }
   SECTION("a small slot after large ones is read whole, and the next ones many per call again") {
-    std::vector<std::vector<std::byte>> frames;
-    for (std::uint64_t i = 0; i < 4; ++i) frames.push_back(raw_peer::slot_frame(64 * 1024, i));
-    for (std::uint64_t i = 4; i < 204; ++i) frames.push_back(raw_peer::slot_frame(100, i));
-    frame_reader reader;
-    const collecting_sink sink = read_all(frames, reader);
-    REQUIRE(sink.payloads.size() == frames.size());
-    for (std::size_t i = 0; i < frames.size(); ++i)
-      REQUIRE(std::memcmp(sink.payloads[i].data(), frames[i].data() + sizeof(slot_header),
-                          frames[i].size() - sizeof(slot_header)) == 0);
+    add_slot_frames(frames, 4, 64 * 1024);
+    add_slot_frames(frames, 200, 100);
+    require_payloads(read_all(frames, reader), frames);
     CHECK(reader.reads() < 60);
   }
 }
