@@ -93,7 +93,7 @@ struct call_builder {
     c->kernel = &kernel_entry<T, Op>;
     std::memcpy(c->op, &op, sizeof(Op));
     c->finalize_n = core.size();
-    c->deadline = core.deadline_for(opt.timeout);
+    c->timeout = core.timeout_for(opt.timeout);
   }
 
   void require(bool ok, const char* what) {

@@ -54,6 +54,9 @@ struct call {
   alignas(16) std::byte op[64] = {};  // a copy of the op functor (trivially copyable)
   int finalize_n = 1;                 // n for finalize (avg divides by it)
   clock::time_point deadline{};
+  // The time the call is given, counted from when it enters the engine (comm_core
+  // turns it into `deadline` with the clock read of the pass that takes the call in).
+  std::chrono::nanoseconds timeout{0};
   std::size_t next = 0;       // first step not yet done
   std::size_t land_next = 0;  // first step not yet looked at for a landing (expect_landings)
   // Steps not yet done that send to / receive from each peer: a later call may use

@@ -1,11 +1,16 @@
 // Misuse a rank can see by itself (DESIGN.md section 6): invalid_argument on that
 // rank before any payload moves, and a notice that makes every other rank fail
-// promptly with mismatch naming it — never a hang.
+// promptly with mismatch naming it — never a hang. Also a call's own timeout
+// (call_options::timeout): the bound it sets on one call, and the broken
+// communicator after it.
 #include <plait/transport/shm.hpp>
 #include <plait/transport/tcp.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -188,4 +193,70 @@ TEST_CASE("send and recv of different sizes is mismatch", "[misuse][shm]") {
   REQUIRE(results[1].error == "");
   INFO(text(results[1].blobs.at(0)));
   CHECK(text(results[1].blobs.at(0)).rfind("mismatch:0:", 0) == 0);
+}
+
+// A call's own timeout (call_options::timeout) counts from the call: a peer that
+// never joins it makes it fail with `timeout` naming that peer once the call's time
+// is up, not the communicator's (20 s here), and every later call fails with the
+// same error. Before it, blocking and async calls on the same communicator, and a
+// blocking call issued while an async one is in flight, complete with the right
+// values (the blocking path reuses one flight and one call for every call).
+TEST_CASE("a call's own timeout bounds it from the call; later calls fail the same way", "[timeout][shm]") {
+  using C = plait::communicator<plait::transport::shm>;
+  rank_options opt;
+  opt.timeout = "20";
+  constexpr auto call_timeout = std::chrono::milliseconds(400);
+  auto results = run_ranks<plait::transport::shm>(
+      2,
+      [&](C& c) {
+        std::vector<float> a(1000, 1.0f), b(1000, 1.0f);
+        std::vector<blob> out;
+        auto value = [&](float got) {
+          blob v(sizeof got);
+          std::memcpy(v.data(), &got, sizeof got);
+          out.push_back(v);
+        };
+        for (int i = 0; i < 3; ++i) {
+          std::fill(a.begin(), a.end(), 1.0f);
+          plait::all_reduce(c, std::span<float>(a), plait::sum{});
+          value(a[999]);
+          std::fill(b.begin(), b.end(), 1.0f);
+          plait::request r = plait::all_reduce_async(c, std::span<float>(b), plait::sum{});
+          std::fill(a.begin(), a.end(), 2.0f);
+          plait::all_reduce(c, std::span<float>(a), plait::sum{});  // while the async one may be in flight
+          r.wait();
+          value(b[0]);
+          value(a[0]);
+        }
+        if (c.rank() == 1) {
+          std::this_thread::sleep_for(call_timeout * 5);  // never joins rank 0's next call in time
+          return out;
+        }
+        out.push_back(outcome(c, [&] {
+          plait::all_reduce(c, std::span<float>(a), plait::sum{}, plait::call_options{.timeout = call_timeout});
+        }));
+        out.push_back(outcome(c, [&] { plait::all_reduce(c, std::span<float>(a), plait::sum{}); }));
+        return out;
+      },
+      opt);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    const auto& res = results[static_cast<std::size_t>(r)];
+    REQUIRE(res.error == "");
+    REQUIRE(res.blobs.size() == (r == 0 ? 11u : 9u));
+    for (std::size_t i = 0; i < 9; ++i) {
+      float got = 0;
+      std::memcpy(&got, res.blobs[i].data(), sizeof got);
+      INFO("value " << i);
+      CHECK(got == (i % 3 == 2 ? 4.0f : 2.0f));
+    }
+  }
+  const std::string first = text(results[0].blobs[9]), later = text(results[0].blobs[10]);
+  INFO("timed call: " << first << "\nlater call: " << later);
+  REQUIRE(first.rfind("timeout:1:", 0) == 0);
+  const long ms = std::stol(first.substr(std::string("timeout:1:").size()));
+  CHECK(ms >= call_timeout.count());
+  CHECK(ms < call_timeout.count() + 1000);
+  CHECK(later.rfind("timeout:1:", 0) == 0);
+  CHECK(std::stol(later.substr(std::string("timeout:1:").size())) < 100);
 }
