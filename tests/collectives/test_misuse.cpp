@@ -211,11 +211,7 @@ TEST_CASE("a call's own timeout bounds it from the call; later calls fail the sa
       [&](C& c) {
         std::vector<float> a(1000, 1.0f), b(1000, 1.0f);
         std::vector<blob> out;
-        auto value = [&](float got) {
-          blob v(sizeof got);
-          std::memcpy(v.data(), &got, sizeof got);
-          out.push_back(v);
-        };
+        auto value = [&](float got) { out.push_back(to_blob(std::vector<float>{got})); };
         for (int i = 0; i < 3; ++i) {
           std::fill(a.begin(), a.end(), 1.0f);
           plait::all_reduce(c, std::span<float>(a), plait::sum{});
@@ -245,10 +241,8 @@ TEST_CASE("a call's own timeout bounds it from the call; later calls fail the sa
     REQUIRE(res.error == "");
     REQUIRE(res.blobs.size() == (r == 0 ? 11u : 9u));
     for (std::size_t i = 0; i < 9; ++i) {
-      float got = 0;
-      std::memcpy(&got, res.blobs[i].data(), sizeof got);
       INFO("value " << i);
-      CHECK(got == (i % 3 == 2 ? 4.0f : 2.0f));
+      CHECK(from_blob<float>(res.blobs[i]).at(0) == (i % 3 == 2 ? 4.0f : 2.0f));
     }
   }
   const std::string first = text(results[0].blobs[9]), later = text(results[0].blobs[10]);
