@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -75,6 +76,15 @@ inline comm_config config_from_env() {
     else
       throw bad_env("PLAIT_SINGLE_COPY", s, "on, off or always");
     cfg.lend_always = s == "always";
+  }
+  if (const char* v = std::getenv("PLAIT_STREAM_BYTES")) {
+    if (std::string_view(v) == "off")
+      cfg.stream_from_bytes = std::numeric_limits<std::size_t>::max();
+    else if (auto b = env_bytes("PLAIT_STREAM_BYTES"); *b == 0)
+      throw error(errc::invalid_argument,
+                  "PLAIT_STREAM_BYTES=0 is out of range: use an output size of 1 byte or more, or off");
+    else
+      cfg.stream_from_bytes = *b;
   }
   return cfg;
 }

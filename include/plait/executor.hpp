@@ -27,12 +27,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <plait/detail/doorbell.hpp>
 #include <plait/error.hpp>
+#include <plait/kernel/copy.hpp>
 #include <plait/schedule.hpp>
 #include <plait/transport.hpp>
 #include <plait/wire.hpp>
@@ -114,9 +116,11 @@ class executor {
   // the highest collective and send/recv sequence number seen from each peer.
   // `oversubscribed`: more ranks than cores on this host (likely), so a rank that
   // waits for a peer often waits for it to be scheduled. `lend_always`: lend every
-  // plain copy the transport can, not only where lending_pays.
+  // plain copy the transport can, not only where lending_pays. `stream_from`: all_gather
+  // calls whose output is this large or larger copy into it with non-temporal stores.
   executor(int rank, int size, link_set* links, doorbell& bell, const std::atomic<bool>& aborted,
-           std::span<std::uint64_t> last_seen, bool oversubscribed = false, bool lend_always = false)
+           std::span<std::uint64_t> last_seen, bool oversubscribed = false, bool lend_always = false,
+           std::size_t stream_from = std::numeric_limits<std::size_t>::max())
       : rank_(rank),
         size_(size),
         links_(links),
@@ -124,7 +128,8 @@ class executor {
         aborted_(aborted),
         last_seen_(last_seen),
         oversubscribed_(oversubscribed),
-        lend_always_(lend_always) {}
+        lend_always_(lend_always),
+        stream_from_(stream_from) {}
 
   // Runs steps while they are ready. Returns true when the call is complete.
   // `earlier` are the calls issued before this one and not yet complete: a step
@@ -211,8 +216,40 @@ class executor {
     const bool gather = c.desc.kind == collective_kind::all_gather;
     if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)
       return false;
-    const std::size_t bytes = c.desc.count * c.elem_size * (gather ? static_cast<std::size_t>(size_) : 1);
-    return lend_always_ || (bytes >= lend_from_call_bytes && (gather || oversubscribed_));
+    return lend_always_ || (output_bytes(c) >= lend_from_call_bytes && (gather || oversubscribed_));
+  }
+
+  // The bytes of a call's output (all_gather's holds every rank's shard).
+  std::size_t output_bytes(const call& c) const noexcept {
+    const bool gather = c.desc.kind == collective_kind::all_gather;
+    return c.desc.count * c.elem_size * (gather ? static_cast<std::size_t>(size_) : 1);
+  }
+
+  // Whether the call's copies into its output skip the cache: all_gather calls from
+  // stream_from_ bytes of output. Measured (docs/performance.md, "all_gather copies
+  // into a large output past the cache"): all_gather ahead at 16M and more in every
+  // run; broadcast and all_reduce ahead in some runs and behind in others, so not yet.
+  bool streams(const call& c) const noexcept {
+    return c.desc.kind == collective_kind::all_gather && output_bytes(c) >= stream_from_;
+  }
+
+  // Runs the kernel of a ready step. A step that only copies one source writes the
+  // output of a call that streams() with non-temporal stores, its slots with plain
+  // ones (the peer reads them soon, from cache).
+  void run_kernel(call& c, const step& s, const void* const* srcs, int ns, void* const* dsts, int nd,
+                  const std::byte* out) {
+    if (ns == 1 && !s.finalize && out != nullptr && streams(c)) {
+      const std::size_t bytes = s.count * c.elem_size;
+      for (int i = 0; i < nd; ++i) {
+        if (dsts[i] == srcs[0]) continue;
+        if (dsts[i] == out)
+          kernel::copy_bytes_streaming(dsts[i], srcs[0], bytes);
+        else
+          kernel::copy_bytes(dsts[i], srcs[0], bytes);
+      }
+      return;
+    }
+    c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
   }
 
   // Asks the transport to land in the output the frames of the steps ahead that only
@@ -348,7 +385,7 @@ class executor {
       }
       if (local != nullptr) srcs[ns++] = local;
       if (out != nullptr) dsts[nd++] = out;
-      if (s.count > 0 && ns > 0 && nd > 0) c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
+      if (s.count > 0 && ns > 0 && nd > 0) run_kernel(c, s, srcs, ns, dsts, nd, out);
     }
     for (int p : s.send_peer) {
       if (p < 0) continue;
@@ -495,6 +532,7 @@ class executor {
   std::span<std::uint64_t> last_seen_;
   bool oversubscribed_;
   bool lend_always_;
+  std::size_t stream_from_;
 };
 
 }  // namespace plait::detail

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -223,6 +224,13 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   env.set("PLAIT_SINGLE_COPY", "always");
   CHECK(config_from_env().single_copy);
   CHECK(config_from_env().lend_always);
+  CHECK(defaults.stream_from_bytes == 8u << 20);
+  env.set("PLAIT_STREAM_BYTES", "1");
+  CHECK(config_from_env().stream_from_bytes == 1);
+  env.set("PLAIT_STREAM_BYTES", "64M");
+  CHECK(config_from_env().stream_from_bytes == 64u << 20);
+  env.set("PLAIT_STREAM_BYTES", "off");
+  CHECK(config_from_env().stream_from_bytes == std::numeric_limits<std::size_t>::max());
   const std::pair<const char*, const char*> bad[] = {{"PLAIT_SLICE_BYTES", "32"},
                                                      {"PLAIT_SLICE_BYTES", "65M"},
                                                      {"PLAIT_COPY_SLICE_BYTES", "0"},
@@ -235,7 +243,9 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
                                                      {"PLAIT_POLL", "fast"},
                                                      {"PLAIT_PROGRESS", "Thread"},
                                                      {"PLAIT_PROGRESS", ""},
-                                                     {"PLAIT_SINGLE_COPY", "yes"}};
+                                                     {"PLAIT_SINGLE_COPY", "yes"},
+                                                     {"PLAIT_STREAM_BYTES", "0"},
+                                                     {"PLAIT_STREAM_BYTES", "never"}};
   for (auto [name, value] : bad) {
     CAPTURE(name, value);
     scoped_env one;

@@ -248,6 +248,19 @@ void check_cases(int n, std::function<case_list<Tr>()> make, rank_options opt = 
   SUCCEED(cases.size() << " cases x " << n << " ranks bit-exact");
 }
 
+// Every collective with PLAIT_STREAM_BYTES=1: every all_gather copy into the output
+// goes through the non-temporal store path (at the default only calls of 8 MiB and
+// more do), at odd counts and so at every alignment of the output's pieces; the
+// other collectives must be unchanged by it.
+template <class Tr>
+void check_streamed(int ranks) {
+  rank_options streamed;
+  streamed.stream_bytes = "1";
+  const std::vector<std::size_t> counts = {1, 13, 4099, (1 << 18) + 3};
+  check_cases<Tr>(
+      ranks, [=] { return representative_cases<Tr>(ranks, counts); }, streamed);
+}
+
 // The slices and depth every rank of a 2-rank job agreed on, given PLAIT_SLICE_BYTES
 // and PLAIT_COPY_SLICE_BYTES (empty: unset): {slice, copy slice, depth, send window} of rank 0,
 // then rank 1.

@@ -14,6 +14,13 @@ TEST_CASE("every collective x algorithm over shm equals the reference", "[collec
   check_cases<shm>(ranks, [=] { return representative_cases<shm>(ranks, counts); });
 }
 
+TEST_CASE("every collective over shm equals the reference with every all_gather output copy streamed",
+          "[collectives][shm]") {
+  const int ranks = GENERATE(2, 3, 4);
+  CAPTURE(ranks);
+  check_streamed<shm>(ranks);
+}
+
 TEST_CASE("16 MiB per rank of float sum over shm equals the reference", "[collectives][shm][large]") {
   const int ranks = GENERATE(2, 4);
   CAPTURE(ranks);

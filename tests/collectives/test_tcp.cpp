@@ -14,6 +14,13 @@ TEST_CASE("every collective x algorithm over tcp equals the reference", "[collec
   check_cases<tcp>(ranks, [=] { return representative_cases<tcp>(ranks, counts); });
 }
 
+TEST_CASE("every collective over tcp equals the reference with every all_gather output copy streamed",
+          "[collectives][tcp]") {
+  const int ranks = GENERATE(2, 3);
+  CAPTURE(ranks);
+  check_streamed<tcp>(ranks);
+}
+
 TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collectives][tcp][large]") {
   const int ranks = GENERATE(2, 4);
   CAPTURE(ranks);

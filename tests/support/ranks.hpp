@@ -62,6 +62,7 @@ struct rank_options {
   std::string copy_slice_bytes = "8K";      // broadcast, send/recv; empty: the transport's default
   std::string timeout = "30";               // PLAIT_TIMEOUT inside the ranks
   std::function<std::string(int)> host_id;  // PLAIT_HOST_ID per rank (hybrid tests)
+  std::string stream_bytes;                 // PLAIT_STREAM_BYTES; empty: unset (the default)
 };
 
 struct rank_result {
@@ -186,6 +187,10 @@ std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
         ::setenv("PLAIT_COPY_SLICE_BYTES", opt.copy_slice_bytes.c_str(), 1);
       ::setenv("PLAIT_TIMEOUT", opt.timeout.c_str(), 1);
       if (opt.host_id) ::setenv("PLAIT_HOST_ID", opt.host_id(r).c_str(), 1);
+      if (opt.stream_bytes.empty())
+        ::unsetenv("PLAIT_STREAM_BYTES");
+      else
+        ::setenv("PLAIT_STREAM_BYTES", opt.stream_bytes.c_str(), 1);
       int status = 0;
       try {
         auto comm = communicator<Transport>::from_env();

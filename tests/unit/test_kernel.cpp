@@ -255,6 +255,52 @@ TEST_CASE("reduce_copy copy is bit-exact and skips a destination that is the sou
   }
 }
 
+TEST_CASE("copy_bytes and copy_bytes_streaming copy every length at every alignment, nothing around it", "[kernel]") {
+  // Lengths around the plain loop's and the streaming loop's 64-byte passes and around
+  // copy_bytes' switch to memcpy; destination and source offsets around 16-byte lines.
+  constexpr std::size_t guard = 64;
+  const std::size_t lengths[] = {0,
+                                 1,
+                                 15,
+                                 16,
+                                 63,
+                                 64,
+                                 65,
+                                 79,
+                                 127,
+                                 128,
+                                 129,
+                                 200,
+                                 255,
+                                 333,
+                                 2047,
+                                 2048,
+                                 2049,
+                                 4161,
+                                 (1u << 20) - 5,
+                                 (1u << 20) + 77};
+  for (auto copy : {&plait::kernel::copy_bytes, &plait::kernel::copy_bytes_streaming}) {
+    const bool streaming = copy == &plait::kernel::copy_bytes_streaming;
+    for (std::size_t n : lengths) {
+      for (std::size_t dst_off : {0, 1, 7, 15, 16, 33}) {
+        for (std::size_t src_off : {0, 5, 16}) {
+          CAPTURE(streaming, n, dst_off, src_off);
+          std::vector<unsigned char> src(n + src_off), dst(n + dst_off + 2 * guard, 0xA5);
+          for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+          copy(dst.data() + guard + dst_off, src.data() + src_off, n);
+          for (std::size_t i = 0; i < dst.size(); ++i) {
+            const bool inside = i >= guard + dst_off && i < guard + dst_off + n;
+            const unsigned char want = inside ? src[i - guard - dst_off + src_off] : 0xA5;
+            if (dst[i] != want)
+              FAIL("byte " << i << " of the destination is " << int(dst[i]) << ", want " << int(want));
+          }
+        }
+      }
+    }
+  }
+  SUCCEED("every length and alignment copied exactly");
+}
+
 TEST_CASE("reduce_copy with a user functor", "[kernel]") {
   for (std::size_t count : counts) {
     run_case<float>(absmax{}, 3, 2, count);

@@ -92,6 +92,12 @@ struct comm_config {
   // PLAIT_SINGLE_COPY=always: lend every plain copy the transport can, at any size
   // (tests and measurements; executor::lending_pays is the default).
   bool lend_always = false;
+  // all_gather calls whose output is this large or larger write it with non-temporal
+  // stores (kernel::copy_bytes_streaming): an output that large does not stay in
+  // cache anyway (PLAIT_STREAM_BYTES; `off`: never; executor::streams).
+  std::size_t stream_from_bytes = stream_from_default;
+  static constexpr std::size_t stream_from_default =
+      8 * 1024 * 1024;  // docs/performance.md, "all_gather copies into a large output past the cache"
   // The transport's messages are costly (transport_traits::network): `automatic`
   // picks with that in mind. Set by communicator::create from the transport type,
   // and false for a hybrid whose ranks all share one host (only its local transport).
@@ -473,7 +479,8 @@ class comm_core {
   }
 
   executor make_executor() {
-    return executor(rank_, size_, links_.get(), bell_, aborted_, last_seen_, oversubscribed_, cfg_.lend_always);
+    return executor(rank_, size_, links_.get(), bell_, aborted_, last_seen_, oversubscribed_, cfg_.lend_always,
+                    cfg_.stream_from_bytes);
   }
 
   void on_failure(executor& ex, const error& e) {
