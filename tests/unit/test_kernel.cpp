@@ -285,7 +285,8 @@ TEST_CASE("copy_bytes and copy_bytes_streaming copy every length at every alignm
       for (std::size_t dst_off : {0, 1, 7, 15, 16, 33}) {
         for (std::size_t src_off : {0, 5, 16}) {
           CAPTURE(streaming, n, dst_off, src_off);
-          std::vector<unsigned char> src(n + src_off), dst(n + dst_off + 2 * guard, 0xA5);
+          std::vector<unsigned char> src(n + src_off + 1),
+              dst(n + dst_off + 2 * guard, 0xA5);  // never empty: no null array
           for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
           copy(dst.data() + guard + dst_off, src.data() + src_off, n);
           for (std::size_t i = 0; i < dst.size(); ++i) {
