@@ -136,10 +136,12 @@ struct bench_run {
       for (std::size_t i = 0; i < count; ++i) out[i] = comm.rank() == o.root ? value<T>(o.root, i) : T{};
   }
 
-  // From which output size copies into it skip the cache (PLAIT_STREAM_BYTES).
-  std::string stream_from() const {
+  // Which all_gather outputs are written past the cache (PLAIT_STREAM_BYTES).
+  std::string streamed() const {
     const std::size_t b = comm.core().config().stream_from_bytes;
-    return b == std::numeric_limits<std::size_t>::max() ? std::string("no size") : std::to_string(b) + " B";
+    return b == std::numeric_limits<std::size_t>::max()
+               ? std::string("no output streamed")
+               : "all_gather outputs from " + std::to_string(b) + " B streamed";
   }
 
   void run() {
@@ -148,14 +150,14 @@ struct bench_run {
     in.assign(max_count, T{});  // touched here, not in the timed loop
     out.assign(max_count, T{});
     const bool shm = o.transport == "shm";
-    bench::report rep(
-        o, "plait", "0.1", n,
-        "algorithm " + o.algo + (comm.core().config().one_host ? " (all ranks on one host)" : "") + ", slice " +
-            std::to_string(comm.slice_bytes()) + " B (broadcast, send/recv " + std::to_string(comm.copy_slice_bytes()) +
-            " B), depth " + std::to_string(comm.pipeline_depth()) +
-            (shm ? "" : ", send window " + std::to_string(comm.send_window()) + " slots") + ", outputs from " +
-            stream_from() + " streamed; rank 0 " + cpus_of_this_rank() + "; PLAIT_* environment as launched",
-        comm.rank() == 0, shm ? "copy" : "loopback");
+    bench::report rep(o, "plait", "0.1", n,
+                      "algorithm " + o.algo + (comm.core().config().one_host ? " (all ranks on one host)" : "") +
+                          ", slice " + std::to_string(comm.slice_bytes()) + " B (broadcast, send/recv " +
+                          std::to_string(comm.copy_slice_bytes()) + " B), depth " +
+                          std::to_string(comm.pipeline_depth()) +
+                          (shm ? "" : ", send window " + std::to_string(comm.send_window()) + " slots") + ", " +
+                          streamed() + "; rank 0 " + cpus_of_this_rank() + "; PLAIT_* environment as launched",
+                      comm.rank() == 0, shm ? "copy" : "loopback");
     rep.header();
     bench::bounds bound;
     const auto sweep = bench::sizes(o);

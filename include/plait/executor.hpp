@@ -233,20 +233,15 @@ class executor {
     return c.desc.kind == collective_kind::all_gather && output_bytes(c) >= stream_from_;
   }
 
-  // Runs the kernel of a ready step. A step that only copies one source writes the
-  // output of a call that streams() with non-temporal stores, its slots with plain
-  // ones (the peer reads them soon, from cache).
+  // Runs the kernel of a ready step; `out`, where the step writes the output, is the
+  // last of `dsts`. A step that only copies one source writes the output of a call
+  // that streams() with non-temporal stores, and its slots through the kernel with
+  // plain ones (the peer reads them soon, from cache).
   void run_kernel(call& c, const step& s, const void* const* srcs, int ns, void* const* dsts, int nd,
                   const std::byte* out) {
-    if (ns == 1 && !s.finalize && out != nullptr && streams(c)) {
-      const std::size_t bytes = s.count * c.elem_size;
-      for (int i = 0; i < nd; ++i) {
-        if (dsts[i] == srcs[0]) continue;
-        if (dsts[i] == out)
-          kernel::copy_bytes_streaming(dsts[i], srcs[0], bytes);
-        else
-          kernel::copy_bytes(dsts[i], srcs[0], bytes);
-      }
+    if (ns == 1 && !s.finalize && out != nullptr && out != srcs[0] && streams(c)) {
+      if (nd > 1) c.kernel(c.op, srcs, ns, dsts, nd - 1, s.count, 0);
+      kernel::copy_bytes_streaming(dsts[nd - 1], srcs[0], s.count * c.elem_size);
       return;
     }
     c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);

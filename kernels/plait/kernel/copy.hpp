@@ -23,7 +23,7 @@
 // set out of the cache. Measured on this project's machines (2 threads, each
 // copying 16-64 MiB in 256 KiB pieces; docs/performance.md, "all_gather copies
 // into a large output past the cache"): 5-8.5 GB/s with plain
-// stores, 9-13 GB/s with these; at 1-4 MiB, where everything stays in cache, plain
+// stores, 7.8-13.4 GB/s with these; at 1-4 MiB, where everything stays in cache, plain
 // stores are 2-3x faster, so the caller picks by size. It ends with a store fence,
 // so the bytes are ordered before any later store (a release, a flag) like plain
 // ones. x86-64 (SSE2, in every x86-64 CPU); elsewhere it is copy_bytes.
