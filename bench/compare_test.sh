@@ -29,7 +29,7 @@ while b <= size(o["-e"]):
     sizes.append(b)
     b = max(int(b * float(o["-f"])), b + 1)
 hugetlb = "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
-speed = {"plait": 2.5, "tcp-ceiling": 3.0}.get(lib, 1.2 if hugetlb else 1.0)
+speed = {"plait": 2.5, "tcp-ceiling": 3.0, "shm-ceiling": 3.0}.get(lib, 1.2 if hugetlb else 1.0)
 speed = float(os.environ.get("FAKE_SPEED_" + lib.upper().replace("-", "_"), speed))
 factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(o["-o"], (n - 1) / n)
 rows = []
@@ -72,8 +72,13 @@ cat >"$tmp/build/bench/tcp-ceiling" <<EOF
 [ "\$1" = -N ] && [ "\$2" -ge 2 ] || exit 2
 exec python3 "$tmp/fakebench.py" tcp-ceiling "\$2" tcp "\${@:3}"
 EOF
+cat >"$tmp/build/bench/shm-ceiling" <<EOF
+#!/usr/bin/env bash
+[ "\$1" = -N ] && [ "\$2" -ge 2 ] || exit 2
+exec python3 "$tmp/fakebench.py" shm-ceiling "\$2" shm "\${@:3}"
+EOF
 chmod +x "$tmp/build/tools/plaitrun" "$tmp/build/bench/plait-bench" "$tmp/build/bench/peers/gloo/peer-gloo-bench" \
-  "$tmp/build/bench/tcp-ceiling"
+  "$tmp/build/bench/tcp-ceiling" "$tmp/build/bench/shm-ceiling"
 
 # 1. The CI run: every library, both transports, 2 and 4 ranks, all collectives.
 out=$tmp/quick
@@ -118,6 +123,12 @@ in_table 'tcp, 4 ranks, broadcast' '^| size .*| tcp-ceiling GB/s | .*| plait/bes
 in_table 'tcp, 4 ranks, broadcast' '^| 64K | 12.50 | 104% | .* | 15.00 | .* | 0.83x |$' ||
   fail "the 4-rank ceiling did not run, or its ratio is wrong"
 in_table 'shm, 2 ranks, broadcast' 'tcp-ceiling' && fail "tcp-ceiling ran over shm"
+# shm-ceiling: shm only, plain and +hugetlb, each held against plait under the same setting.
+in_table 'shm, 2 ranks, all_gather' '^| size .*| shm-ceiling GB/s | shm-ceiling+hugetlb GB/s | .*| plait/best peer | plait/shm-ceiling | plait+hugetlb/shm-ceiling+hugetlb |$' ||
+  fail "no shm-ceiling columns in the 2-rank shm table"
+in_table 'shm, 4 ranks, all_gather' '^| 64K | 12.50 | 104% | .* | 15.00 | 15.00 | .* | 0.83x | 0.83x |$' ||
+  fail "the shm ceiling is counted as a peer, or its ratio is wrong"
+in_table 'tcp, 2 ranks, broadcast' 'shm-ceiling' && fail "shm-ceiling ran over tcp"
 
 # 2. Filter, a missing binary, uneven sizes (4K..12K by 3, then 40K alone, then 2M: the
 #    latency-bound sizes below 1M with 10x the calls), two rounds rotating.
@@ -146,12 +157,19 @@ out=$tmp/cap
 FAKE_SPEED_PLAIT=1.2 FAKE_SPEED_TCP_CEILING=1.4 "$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" \
   --out "$out" --libraries plait,openmpi,tcp-ceiling --transports tcp --ranks 2 --collectives broadcast \
   --sizes 1M --rounds 1 --warmup 0 --iters 1 2>"$tmp/cap.err" || { cat "$tmp/cap.err" >&2; fail "ceiling compare exited $?"; }
-grep -q '^- 4\. tcp broadcast busbw >= 1.5x openmpi .*n=2 1M 1.20 (<1.5; ceiling 1.40, beyond it).*→ \*\*not met\*\* (1 of the 1 failing points beyond the tcp ceiling)$' \
+grep -q '^- 4\. tcp broadcast busbw >= 1.5x openmpi .*n=2 1M 1.20 (<1.5; ceiling 1.40, beyond it).*→ \*\*not met\*\* (1 of the 1 failing points beyond the ceiling)$' \
   "$out/compare.md" || fail "a target beyond the ceiling is not said so"
 # ... and where plait passed the ceiling, the ceiling is no bound.
 FAKE_SPEED_PLAIT=1.2 FAKE_SPEED_TCP_CEILING=1.1 "$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" \
   --out "$out" --libraries plait,openmpi,tcp-ceiling --transports tcp --ranks 2 --collectives broadcast \
   --sizes 1M --rounds 1 --warmup 0 --iters 1 2>"$tmp/cap.err" || { cat "$tmp/cap.err" >&2; fail "ceiling compare exited $?"; }
-grep -q '^- 4\. tcp broadcast busbw >= 1.5x openmpi .*n=2 1M 1.20 (<1.5; ceiling 1.10, passed by plait: no bound here).*→ \*\*not met\*\*$' \
+grep -q '^- 4\. tcp broadcast busbw >= 1.5x openmpi .*n=2 1M 1.20 (<1.5; ceiling 1.10, passed: no bound here).*→ \*\*not met\*\*$' \
   "$out/compare.md" || fail "a ceiling plait passed is taken for a bound"
+# 4. An shm target missed where the ceiling is below it: a +hugetlb peer is held
+#    against shm-ceiling+hugetlb (FAKE_SPEED is per library, so both ceilings are 1.5).
+FAKE_SPEED_PLAIT=1.2 FAKE_SPEED_SHM_CEILING=1.5 "$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" \
+  --out "$out" --libraries plait,openmpi,shm-ceiling --transports shm --ranks 2 --collectives all_gather \
+  --sizes 16M --rounds 1 --warmup 0 --iters 1 2>"$tmp/cap.err" || { cat "$tmp/cap.err" >&2; fail "shm ceiling compare exited $?"; }
+grep -q '^- 3\. shm all_gather .*n=2 16M vs openmpi+hugetlb 1.00 (<1.5; ceiling 1.25, beyond it).*→ \*\*not met\*\* (1 of the 1 failing points beyond the ceiling)$' \
+  "$out/compare.md" || fail "an shm target beyond the ceiling is not said so"
 echo "compare_test: OK"

@@ -43,9 +43,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,13 +58,18 @@
 #include <plait/kernel/copy.hpp>
 
 #include "bench_report.hpp"
+#include "ranks.hpp"
 
 namespace {
 
-[[noreturn]] void die(const char* what) {
-  std::fprintf(stderr, "tcp-ceiling: %s: %s\n", what, std::strerror(errno));
-  std::_Exit(1);
-}
+using bench::ranks::allowed_cpus;
+using bench::ranks::bind_to_cpu;
+using bench::ranks::control;
+using bench::ranks::die;
+using bench::ranks::get_all;
+using bench::ranks::max_ranks;
+using bench::ranks::placement;
+using bench::ranks::put_all;
 
 constexpr int big_buffers = 4 << 20;
 constexpr std::size_t chunk_sizes[] = {std::size_t{64} << 10, std::size_t{256} << 10, std::size_t{1} << 20,
@@ -135,54 +138,6 @@ struct landing {
       add(reinterpret_cast<float*>(d + (lo - pos)), reinterpret_cast<const float*>(add_to + lo),
           reinterpret_cast<const float*>(p + (lo - pos)), (hi - lo) / sizeof(float));
     if (pos + n > hi) plait::kernel::copy_bytes(d + (hi - pos), p + (hi - pos), pos + n - hi);
-  }
-};
-
-// Full reads and writes on a blocking control socket.
-void put_all(int fd, const void* p, std::size_t n) {
-  if (::write(fd, p, n) != static_cast<ssize_t>(n)) die("control write");
-}
-void get_all(int fd, void* p, std::size_t n) {
-  auto* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t k = ::read(fd, c, n);
-    if (k <= 0) die("control read (another rank stopped)");
-    c += k;
-    n -= static_cast<std::size_t>(k);
-  }
-}
-
-// The control channels (socketpairs between rank 0 and each other rank): barriers and
-// each rank's median.
-struct control {
-  std::vector<int> fds;  // rank 0: one per other rank; any other rank: its one to rank 0
-  bool root = false;
-
-  void barrier() const {
-    char b = 0;
-    if (root) {
-      for (int fd : fds) get_all(fd, &b, 1);
-      for (int fd : fds) put_all(fd, &b, 1);
-    } else {
-      put_all(fds[0], &b, 1);
-      get_all(fds[0], &b, 1);
-    }
-  }
-  // Rank 0: the maximum of every rank's median and page faults (its own given).
-  void gather_max(double& median, long& faults) const {
-    for (int fd : fds) {
-      if (!root) {
-        put_all(fd, &median, sizeof median);
-        put_all(fd, &faults, sizeof faults);
-        return;
-      }
-      double m = 0;
-      long f = 0;
-      get_all(fd, &m, sizeof m);
-      get_all(fd, &f, sizeof f);
-      median = std::max(median, m);
-      faults = std::max(faults, f);
-    }
   }
 };
 
@@ -378,36 +333,6 @@ int listen_on_loopback(sockaddr_in& a, bool big, int backlog) {
   return fd;
 }
 
-// The CPUs this process may run on.
-int allowed_cpus() {
-  cpu_set_t allowed;
-  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 1;
-  return CPU_COUNT(&allowed);
-}
-
-// One CPU per rank where there are enough (as plaitrun binds), else none.
-void bind_to_cpu(int rank, int ranks) {
-  cpu_set_t allowed;
-  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < ranks) return;
-  int seen = 0;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &allowed)) continue;
-    if (seen++ == rank) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(c, &one);
-      ::sched_setaffinity(0, sizeof one, &one);
-      return;
-    }
-  }
-}
-
-std::string placement(int ranks) {
-  const std::string n = std::to_string(ranks);
-  if (allowed_cpus() >= ranks) return n + " processes bound to CPUs 0.." + std::to_string(ranks - 1);
-  return n + " processes on " + std::to_string(allowed_cpus()) + " CPUs, not bound";
-}
-
 int run(int rank, int ranks, const bench::options& o, const control& ctl, const links& net) {
   bind_to_cpu(rank, ranks);
   for (const std::vector<int>& kind : net.peer)
@@ -469,9 +394,10 @@ int run(int rank, int ranks, const bench::options& o, const control& ctl, const 
               const bench::timed_calls t = bench::time_calls(
                   o.warmup, o.iters, [&] { one_call(p, rank, src.data(), dst.data(), bounce.data(), s); },
                   [&] { ctl.barrier(); });
-              double slowest = bench::median(t.us);
-              long most_faults = t.faults;
-              ctl.gather_max(slowest, most_faults);
+              bench::ranks::result got{bench::median(t.us), t.faults, 0};
+              ctl.gather(got);
+              const double slowest = got.median;
+              const long most_faults = got.faults;
               if (rank == 0) {
                 if (!tried || slowest < best) {
                   best = slowest;
@@ -485,19 +411,10 @@ int run(int rank, int ranks, const bench::options& o, const control& ctl, const 
         if (write == payload) break;  // one write per call already
       }
     }
-    bench::row r;
-    r.bytes = bytes;
-    r.count = count;
-    r.root = o.op == "broadcast" ? 0 : -1;
-    r.time_us = best;
-    r.minflt = static_cast<double>(faults) / o.iters;
-    rep.add(r);
-    if (rank == 0) std::printf("#   best at %zu B: %s\n", bytes, best_setting.text(ranks).c_str());
+    bench::ranks::add_best(rep, o, bytes, count, best, faults, -1, best_setting.text(ranks));
   }
   return rep.finish() ? 0 : 1;
 }
-
-constexpr int max_ranks = 16;
 
 // Connects every pair of ranks (the kernel's buffers and 4 MiB asked): rank r connects to
 // each rank below it and says who it is; it accepts the ranks above it. A connect
@@ -531,66 +448,17 @@ links connect_all(int rank, int ranks, const std::vector<sockaddr_in>& addr, con
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> rest{argv[0]};
+  bench::ranks::program() = "tcp-ceiling";
   int ranks = 2;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "-N") == 0 && i + 1 < argc) {
-      char* end = nullptr;
-      const long n = std::strtol(argv[++i], &end, 10);
-      if (end == argv[i] || *end != '\0' || n < 2 || n > max_ranks)
-        bench::usage(argv[0], "-N must be a rank count from 2 to 16");
-      ranks = static_cast<int>(n);
-      continue;
-    }
-    rest.push_back(argv[i]);
-  }
-  bench::options defaults;
-  defaults.transport = "tcp";
-  defaults.algo = "best of grid";
-  const bench::options o =
-      bench::parse(static_cast<int>(rest.size()), rest.data(), defaults, "  -N n   ranks, 2 to 16 (default 2)\n");
-  if (o.op != "broadcast" && o.op != "all_gather" && o.op != "reduce_scatter" && o.op != "all_reduce")
-    bench::usage(argv[0], "-o must be all_reduce, all_gather, reduce_scatter or broadcast");
-  if (o.root != 0) bench::usage(argv[0], "-R: only root 0 is measured");
+  const bench::options o = bench::ranks::parse_options(argc, argv, "tcp", ranks);
 
   // Every rank's listeners (the kernel's buffers, 4 MiB asked), made before the fork.
   std::vector<sockaddr_in> addr(2 * static_cast<std::size_t>(ranks));
   std::vector<int> listener(addr.size(), -1);
   for (std::size_t k = 0; k < addr.size(); ++k) listener[k] = listen_on_loopback(addr[k], k % 2 == 1, max_ranks);
-  std::vector<int> ctl_root;
-  std::vector<pid_t> children;
-  std::fflush(nullptr);
-  int rank = 0;
-  control ctl;
-  for (int r = 1; r < ranks; ++r) {
-    int pair[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) die("socketpair");
-    const pid_t child = ::fork();
-    if (child < 0) die("fork");
-    if (child == 0) {
-      for (int fd : ctl_root) ::close(fd);
-      ::close(pair[0]);
-      rank = r;
-      ctl = control{{pair[1]}, false};
-      break;
-    }
-    ::close(pair[1]);
-    ctl_root.push_back(pair[0]);
-    children.push_back(child);
-  }
-  if (rank == 0) ctl = control{ctl_root, true};
+  const bench::ranks::team team = bench::ranks::fork_team(ranks);
+  const int rank = team.rank;
   const links net = connect_all(rank, ranks, addr, listener);
   for (int fd : listener) ::close(fd);
-  const int rc = run(rank, ranks, o, ctl, net);
-  if (rank != 0) std::_Exit(rc);
-  bool children_ok = true;
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    int status = 0;
-    if (::waitpid(children[i], &status, 0) != children[i]) die("waitpid");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "tcp-ceiling: rank %zu failed (status %d)\n", i + 1, status);
-      children_ok = false;
-    }
-  }
-  return rc != 0 || !children_ok ? 1 : 0;
+  return bench::ranks::finish_team(team, run(rank, ranks, o, team.ctl, net));
 }

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-ninja -C "$build" tools/plaitrun bench/plait-bench bench/cma-rate bench/tcp-ceiling >/dev/null
+ninja -C "$build" tools/plaitrun bench/plait-bench bench/cma-rate bench/tcp-ceiling bench/shm-ceiling >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 small=(-b 4K -e 256K -f 8 -w 1 -n 3 -c 1)
@@ -34,6 +34,12 @@ echo "== tcp-ceiling, 2 ranks (one connection) and 3 (ring and all pairs)"
 for n in 2 3; do
   for o in all_reduce all_gather reduce_scatter broadcast; do
     "$build/bench/tcp-ceiling" -N "$n" -o "$o" -b 4K -e 256K -f 8 -w 1 -n 3
+  done
+done
+echo "== shm-ceiling, 2 and 3 ranks, outputs checked"
+for n in 2 3; do
+  for o in all_reduce all_gather reduce_scatter broadcast; do
+    "$build/bench/shm-ceiling" -N "$n" -o "$o" "${small[@]}"
   done
 done
 

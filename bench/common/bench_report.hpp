@@ -309,6 +309,8 @@ class report {
     std::fflush(stdout);
   }
 
+  bool printer() const noexcept { return printer_; }
+
   double average_busbw() const {
     double sum = 0;
     for (const row& r : rows_) sum += r.busbw;
