@@ -383,7 +383,7 @@ int run(const bench::ranks::team& team, int ranks, const bench::options& o, shar
   rank_state st;
   st.rank = rank;
   st.n = ranks;
-  st.may_spin = bench::ranks::allowed_cpus() >= ranks;
+  st.may_spin = team.cpus >= ranks;
   st.sh = sh;
   st.stage = stage;
   st.src = reinterpret_cast<char*>(src.data());
@@ -399,7 +399,7 @@ int run(const bench::ranks::team& team, int ranks, const bench::options& o, shar
 
   bench::report rep(
       o, "shm-ceiling", "0.1", ranks,
-      bench::ranks::placement(ranks) +
+      bench::ranks::placement(ranks, team.cpus) +
           ", private buffers as malloc gives them, the bytes and local memory work the collective must "
           "do (own block copied, one float-sum pass), a shared-memory barrier at each end of a call; per "
           "size the best of mechanism (CMA reads of 256K/1M/4M/all, or shared memory; broadcast: 4 slots of "

@@ -62,7 +62,6 @@
 
 namespace {
 
-using bench::ranks::allowed_cpus;
 using bench::ranks::bind_to_cpu;
 using bench::ranks::control;
 using bench::ranks::die;
@@ -333,7 +332,7 @@ int listen_on_loopback(sockaddr_in& a, bool big, int backlog) {
   return fd;
 }
 
-int run(int rank, int ranks, const bench::options& o, const control& ctl, const links& net) {
+int run(int rank, int ranks, int cpus, const bench::options& o, const control& ctl, const links& net) {
   bind_to_cpu(rank, ranks);
   for (const std::vector<int>& kind : net.peer)
     for (int fd : kind) {
@@ -342,7 +341,7 @@ int run(int rank, int ranks, const bench::options& o, const control& ctl, const 
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       set_nonblocking(fd);
     }
-  const bool may_spin = allowed_cpus() >= ranks;
+  const bool may_spin = cpus >= ranks;  // counted before binding
   const std::vector<std::size_t> sizes = bench::sizes(o);
   const std::size_t top = sizes.empty() ? 0 : sizes.back();
   // Touched now, not while timing.
@@ -358,7 +357,7 @@ int run(int rank, int ranks, const bench::options& o, const control& ctl, const 
   len = sizeof given_rcv;
   ::getsockopt(some_big, SOL_SOCKET, SO_RCVBUF, &given_rcv, &len);
   bench::report rep(o, "tcp-ceiling", "0.1", ranks,
-                    placement(ranks) +
+                    placement(ranks, cpus) +
                         ", loopback TCP (TCP_NODELAY), the bytes and local memory work the collective must do (own "
                         "block copied, one float-sum pass), no framing; per size the best of " +
                         (ranks > 2 ? "pattern (ring, all pairs) x " : "") +
@@ -460,5 +459,5 @@ int main(int argc, char** argv) {
   const int rank = team.rank;
   const links net = connect_all(rank, ranks, addr, listener);
   for (int fd : listener) ::close(fd);
-  return bench::ranks::finish_team(team, run(rank, ranks, o, team.ctl, net));
+  return bench::ranks::finish_team(team, run(rank, ranks, team.cpus, o, team.ctl, net));
 }

@@ -110,10 +110,11 @@ inline void bind_to_cpu(int rank, int ranks) {
   }
 }
 
-inline std::string placement(int ranks) {
+// cpus: what allowed_cpus() gave before any rank bound itself (team::cpus).
+inline std::string placement(int ranks, int cpus) {
   const std::string n = std::to_string(ranks);
-  if (allowed_cpus() >= ranks) return n + " processes bound to CPUs 0.." + std::to_string(ranks - 1);
-  return n + " processes on " + std::to_string(allowed_cpus()) + " CPUs, not bound";
+  if (cpus >= ranks) return n + " processes bound to CPUs 0.." + std::to_string(ranks - 1);
+  return n + " processes on " + std::to_string(cpus) + " CPUs, not bound";
 }
 
 constexpr int max_ranks = 16;
@@ -166,11 +167,15 @@ struct team {
   int rank = 0;
   control ctl;
   std::vector<pid_t> children;  // rank 0: ranks 1.. in order
+  // The CPUs the team may run on, counted before the fork: once a rank has bound itself
+  // (bind_to_cpu) its own affinity is one CPU.
+  int cpus = 1;
 };
 
 // Forks ranks - 1 children, each with a control channel to rank 0 (the caller).
 inline team fork_team(int ranks) {
   team t;
+  t.cpus = allowed_cpus();
   std::vector<int> to_children;
   std::fflush(nullptr);
   for (int r = 1; r < ranks; ++r) {
