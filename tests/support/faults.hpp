@@ -134,6 +134,20 @@ inline int count_entries(const char* dir) {
 }
 inline int open_fds() { return count_entries("/proc/self/fd"); }
 inline int threads() { return count_entries("/proc/self/task"); }
+// The threads of this process once those the communicator joined are gone from
+// /proc/self/task too: pthread_join returns when the thread clears its tid, a moment
+// before the kernel stops listing it, so a count taken at once can include a thread
+// that has already ended (seen once in CI: "2 threads after destruction", tcp, 8 ranks
+// on 2 cores). Waits up to 1 s for the main thread alone; a thread still running is
+// still counted.
+inline int threads_settled() {
+  int n = threads();
+  for (int i = 0; i < 200 && n != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    n = threads();
+  }
+  return n;
+}
 
 // Sleeps until `until` in short steps (a victim that waits to be killed).
 inline void idle_until(std::int64_t until_ns) {
@@ -388,7 +402,7 @@ int with_communicator(rank_board& me, Body body) {
     me.destroy_end_ns = now_ns();
   }
   me.fds_after = open_fds();
-  me.threads_after = threads();
+  me.threads_after = threads_settled();
   me.at(phase::done);
   return status;
 }
