@@ -389,8 +389,8 @@ int run(const bench::ranks::team& team, int ranks, const bench::options& o, shar
   st.src = reinterpret_cast<char*>(src.data());
   st.dst = reinterpret_cast<char*>(dst.data());
   st.bounce = bounce.data();
-  // The shared area's pages were touched before the fork, but a child's page tables do
-  // not have them yet: written once here (zeros, before anyone uses it), not while timing.
+  // Every rank writes the shared area once (zeros, before anyone uses it: the barrier
+  // below), so its pages are in every rank's page tables and not faulted in while timing.
   std::memset(stage, 0, stage_size);
   sh->pid[rank] = ::getpid();
   sh->src[rank] = reinterpret_cast<std::uintptr_t>(st.src);
@@ -449,12 +449,11 @@ int main(int argc, char** argv) {
   const bench::options o = bench::ranks::parse_options(argc, argv, "shm", ranks);
   if (o.type != "float" || o.redop != "sum") bench::usage(argv[0], "-d float -r sum only");
 
-  // Shared before the fork: the control block, and the staging area, touched once here.
+  // Shared before the fork: the control block, and the staging area (each rank touches it).
   auto* sh = new (map_shared<shared_block>(sizeof(shared_block))) shared_block;
   const std::vector<std::size_t> sizes = bench::sizes(o);
   const std::size_t stage_size = stage_bytes(o.op, sizes.empty() ? 0 : sizes.back(), ranks);
   char* stage = map_shared<char>(stage_size);
-  std::memset(stage, 0, stage_size);
   const bench::ranks::team team = bench::ranks::fork_team(ranks);
   return bench::ranks::finish_team(team, run(team, ranks, o, sh, stage, stage_size));
 }
