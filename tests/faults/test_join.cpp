@@ -17,7 +17,9 @@ constexpr double t_op_ms = 3000;
 void missing_once(transport_kind t, int n, int missing, int run) {
   const std::string name =
       std::string("never connected ") + name_of(t) + " n=" + std::to_string(n) + " missing=" + std::to_string(missing);
-  fault_job job(n, t);
+  job_options opt;
+  opt.join_timeout = "";  // the join is what fails here: its deadline is T_op
+  fault_job job(n, t, opt);
   job.start(
       [&](int, rank_board& me) {
         return with_transport(t, [&]<class Tr>() {

@@ -1,4 +1,4 @@
-// A stopped rank and a slow one (DESIGN.md section 6), with T_op = PLAIT_TIMEOUT = 3 s.
+// A stopped rank and a slow one (DESIGN.md section 6), with T_op = 3 s (set_timeout after a join of up to 30 s).
 //
 // Stopped (SIGSTOP in the middle of a collective, SIGKILL only once the test is
 // over): a stopped process is alive, so no survivor may call it lost; each fails
