@@ -219,6 +219,15 @@ class executor {
     return lend_always_ || (output_bytes(c) >= lend_from_call_bytes && (gather || oversubscribed_));
   }
 
+  // Whether what lending_pays lends may be on any pages (link_set::lend_any_memory),
+  // not only on the huge pages shm otherwise asks for: all_gather with a core per
+  // rank. Measured (docs/performance.md, "all_gather lends from 4 KiB pages"): 2
+  // ranks, 8M-128M, 7-14 % less time than through slots; with 4 ranks on 2 cores the
+  // A/B was within the noise, so there shm keeps to huge pages.
+  bool lends_any_memory(const call& c) const noexcept {
+    return c.desc.kind == collective_kind::all_gather && !oversubscribed_;
+  }
+
   // The bytes of a call's output (all_gather's holds every rank's shard).
   std::size_t output_bytes(const call& c) const noexcept {
     const bool gather = c.desc.kind == collective_kind::all_gather;
@@ -340,12 +349,13 @@ class executor {
     // writes, or the local source of a plain send), the transport may send it from
     // there instead of from a slot the kernel fills.
     const std::byte* from = nullptr;
+    bool lend = false;
     if (links_ != nullptr && bytes >= min_send_from_memory && s.sends() > 0) {
       if (out != nullptr)
         from = out;
       else if (s.recvs() == 0 && local != nullptr && !s.finalize)
         from = local;
-      const bool lend = lending_pays(c);
+      lend = lending_pays(c);
       for (int p : s.send_peer)
         if (p >= 0 && from != nullptr && (!links_->sends_from_memory(p) || (!lend && links_->sends_by_reference(p))))
           from = nullptr;
@@ -382,6 +392,7 @@ class executor {
       if (out != nullptr) dsts[nd++] = out;
       if (s.count > 0 && ns > 0 && nd > 0) run_kernel(c, s, srcs, ns, dsts, nd, out);
     }
+    if (from != nullptr) links_->lend_any_memory(lend && lends_any_memory(c));
     for (int p : s.send_peer) {
       if (p < 0) continue;
       slot_header h;

@@ -163,6 +163,11 @@ class link_set {
     (void)peer;
     return false;
   }
+  // Whether post_from() may lend (above) whatever memory the payload is in, rather
+  // than only where the transport judges a peer's copy from it cheap (shm: huge
+  // pages). The caller says so where it measured that lending pays even so, and
+  // until it says otherwise. The default transport never lends: nothing to do.
+  virtual void lend_any_memory(bool on) { (void)on; }
 
   // Receive side. peek() returns the oldest full slot from `peer` (header not yet
   // validated beyond framing), or an empty view. release() frees it.

@@ -99,7 +99,14 @@ std::string lender(plait::testing::file_bootstrap& ctx, plait::link_set& links) 
   if (links.post_from(1, header_for(0, 4, slot), small_pages.p) != 0) return "a send from 4 KiB pages was lent";
   if (links.acquire(1) == nullptr) return "no free slot for the small send";
   if (links.post_from(1, header_for(0, 5, 4096), big_pages.p) != 0) return "a 4 KiB send was lent";
+  // Told to lend from any memory (link_set::lend_any_memory), it lends from 4 KiB pages.
+  links.lend_any_memory(true);
+  if (links.acquire(1) == nullptr) return "no free slot for the send from 4 KiB pages";
+  const std::uint64_t any = links.post_from(1, header_for(0, 6, slot), small_pages.p);
+  links.lend_any_memory(false);
+  if (any == 0) return "a send from 4 KiB pages was not lent after lend_any_memory(true)";
   ctx.barrier("done", deadline);
+  if (!links.sent(1, any)) return "the slot lent from 4 KiB pages was read but does not count as sent";
   return "ok";
 }
 
@@ -138,6 +145,11 @@ std::string reader(plait::testing::file_bootstrap& ctx, plait::link_set& links, 
   links.release(0);
   v = wait_for_slot(links, bell, 0);
   if (v.payload == nullptr || !same(v.payload, big_pages.p, 4096)) return "the small send differs";
+  links.release(0);
+  v = wait_for_slot(links, bell, 0);
+  if (v.payload != nullptr) return "the send from 4 KiB pages came through the slot after lend_any_memory(true)";
+  if (!links.receive_into(0, got.p, slot)) return "receive_into() declined the slot lent from 4 KiB pages";
+  if (!same(got.p, small_pages.p, slot)) return "the slot lent from 4 KiB pages differs";
   links.release(0);
   ctx.barrier("done", deadline);
   return "ok";

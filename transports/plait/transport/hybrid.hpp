@@ -38,6 +38,10 @@ class links final : public link_set {
     if (remote_) remote_->detach();
   }
   bool sends_by_reference(int peer) const override { return at(peer)->sends_by_reference(peer); }
+  void lend_any_memory(bool on) override {
+    if (local_) local_->lend_any_memory(on);
+    if (remote_) remote_->lend_any_memory(on);
+  }
   slot_view peek(int peer) override { return at(peer)->peek(peer); }
   const std::byte* fetch(int peer) override { return at(peer)->fetch(peer); }
   bool receives_into_memory(int peer) const override { return at(peer)->receives_into_memory(peer); }

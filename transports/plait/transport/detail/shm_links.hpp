@@ -12,14 +12,15 @@
 //
 // Single copy (shm_single_copy.hpp): where the peer can read this rank's memory
 // (it probed that at connect and set reader_copies in our send FIFO), post_from()
-// of bytes on huge pages posts the slot by reference (slot_by_reference, the
-// address in the header) and keeps the memory until the peer releases the slot
-// (sent()). The receiver copies such a slot straight into its output
-// (receive_into()), or into a private staging buffer when it needs the bytes in
-// memory (fetch(); peek() gives no payload for it). After every copy the receiver
-// looks at the slot's flag again: a sender that failed has copied the bytes into the
-// slot and cleared the flag (detach()), and the slot's copy is then the one to use;
-// a sender that exited with the flag still set is peer_lost.
+// of bytes on huge pages (on any pages after lend_any_memory(true)) posts the slot
+// by reference (slot_by_reference, the address in the header) and keeps the memory
+// until the peer releases the slot (sent()). The receiver copies such a slot
+// straight into its output (receive_into()), or into a private staging buffer when
+// it needs the bytes in memory (fetch(); peek() gives no payload for it). After
+// every copy the receiver looks at the slot's flag again: a sender that failed has
+// copied the bytes into the slot and cleared the flag (detach()), and the slot's
+// copy is then the one to use; a sender that exited with the flag still set is
+// peer_lost.
 //
 // Errors: peek() validates the slot's framing (magic, version, bytes <= slot_bytes)
 // and throws errc::protocol for a bad one; the failure sticks to that link, so
@@ -150,10 +151,11 @@ class shm_link_set final : public link_set {
 
   bool sends_from_memory(int peer) const override { return lends(link_for(peer, "sends_from_memory")); }
   bool sends_by_reference(int peer) const override { return sends_from_memory(peer); }
+  void lend_any_memory(bool on) override { any_memory_ = on; }
 
   std::uint64_t post_from(int peer, const plait::detail::slot_header& header, const std::byte* payload) override {
     link& l = link_for(peer, "post_from");
-    if (header.bytes < min_reference_bytes || !lends(l) || huge_.share(payload, header.bytes) < 0.5)
+    if (header.bytes < min_reference_bytes || !lends(l) || (!any_memory_ && huge_.share(payload, header.bytes) < 0.5))
       return link_set::post_from(peer, header, payload);  // through the slot
     if (header.bytes > geometry_.slot_bytes || acquire(peer) == nullptr)
       throw error(errc::invalid_argument,
@@ -442,6 +444,7 @@ class shm_link_set final : public link_set {
   bool closed_ = false;
   bool single_copy_ = true;  // this rank reads what peers lend and lends, where they can
   huge_pages huge_;
+  bool any_memory_ = false;  // lend_any_memory(): lend from 4 KiB pages too
 };
 
 }  // namespace plait::transport::shm_detail
