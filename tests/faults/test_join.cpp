@@ -80,3 +80,26 @@ TEST_CASE("a rank that never connects is timeout naming it on the others within 
     for (transport_kind t : {transport_kind::shm, transport_kind::tcp, transport_kind::hybrid})
       for (int missing : {0, 2}) missing_once(t, 3, missing, run);
 }
+
+// The harness forks its ranks only from a process with one thread (the store server
+// starts after the forks): a thread running at fork time can hold a lock, OpenSSL's
+// inside RAND_bytes for one, that the child then waits on forever (port_pipe.hpp).
+TEST_CASE("fault_job forks its ranks only from a process with one thread", "[faults][join]") {
+  std::atomic<bool> release{false};
+  std::thread other([&] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  {
+    fault_job job(2, transport_kind::shm);
+    CHECK_THROWS_AS(job.start([](int, rank_board&) { return 0; }), std::logic_error);
+    CHECK(!job.running(0));
+    CHECK(!job.running(1));
+  }
+  release.store(true);
+  other.join();
+  fault_job job(2, transport_kind::shm);
+  job.start([](int, rank_board&) { return 0; });
+  CHECK(job.wait_exit(std::chrono::seconds(30)));
+  CHECK(job.exit_status(0) == 0);
+  CHECK(job.exit_status(1) == 0);
+}

@@ -48,6 +48,8 @@
 #include <plait/transport/shm.hpp>
 #include <plait/transport/tcp.hpp>
 
+#include "port_pipe.hpp"
+
 namespace plait::testing::faults {
 
 inline std::int64_t now_ns() {
@@ -157,8 +159,8 @@ inline void idle_until(std::int64_t until_ns) {
 struct job_options {
   std::string timeout = "3";  // T_op: every collective's deadline in the ranks
   // The deadline for joining (PLAIT_TIMEOUT while from_env() runs; the ranks then set
-  // T_op with set_timeout). Apart from T_op because a 4-rank start-up on 2 busy cores
-  // once took more than 3 s in CI, and the faults under test come after the join.
+  // T_op with set_timeout). Apart from T_op because the faults under test come after
+  // the join, and a start-up of 4 ranks on 2 busy cores can take seconds.
   // Empty: T_op for the join too (test_join, whose fault is the join).
   std::string join_timeout = "30";
   std::string slice_bytes = "128K";   // the library's default slice
@@ -173,7 +175,6 @@ class fault_job {
         kind_(kind),
         opt_(std::move(opt)),
         token_(bootstrap::generate_token_hex()),
-        server_("127.0.0.1", 0, token_bytes(token_)),
         pids_(static_cast<std::size_t>(n), -1),
         status_(static_cast<std::size_t>(n), -1),
         reaped_ns_(static_cast<std::size_t>(n), 0) {
@@ -196,28 +197,56 @@ class fault_job {
     ::munmap(board_, sizeof(board));
   }
 
-  // Forks the ranks; body(rank, its board slot) runs in each and returns its exit
-  // status. `skip` ranks exit at once, before from_env (a rank that never connects).
+  // Forks the ranks, then starts the store server and tells them its port through
+  // pipes: the ranks are forked from a process with one thread (port_pipe.hpp says
+  // why; it throws std::logic_error otherwise). body(rank, its board slot) runs in
+  // each and returns its exit status. `skip` ranks exit at once, before from_env (a
+  // rank that never connects).
   void start(const std::function<int(int, rank_board&)>& body, std::vector<int> skip = {}) {
+    if (server_) throw std::logic_error("fault_job::start: the job has started already");
+    if (const int t = threads_settled(); t != 1)
+      throw std::logic_error("fault_job::start: the test process runs " + std::to_string(t) +
+                             " threads; ranks are forked from one thread only");
+    const auto port_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    std::vector<int> port_pipes;  // write ends, one per forked rank
     std::fflush(nullptr);
     for (int r = 0; r < n_; ++r) {
+      int fds[2];
+      if (::pipe(fds) != 0) throw std::runtime_error("fault_job: pipe failed: " + std::string(std::strerror(errno)));
       const pid_t pid = ::fork();
       if (pid < 0) throw std::runtime_error("fault_job: fork failed: " + std::string(std::strerror(errno)));
       if (pid == 0) {
+        ::close(fds[1]);
+        for (int w : port_pipes) ::close(w);
         if (std::find(skip.begin(), skip.end(), r) != skip.end()) ::_exit(0);
-        set_env(r);
+        const std::uint16_t port = read_port(fds[0], port_deadline);
+        ::close(fds[0]);
         int status = 2;
-        try {
-          status = body(r, board_->ranks[r]);
-        } catch (const std::exception& e) {
-          board_->ranks[r].set_note(std::string("the rank's test body threw: ") + e.what());
+        if (port == 0) {
+          board_->ranks[r].set_note("the rank never got the store's port from the test process");
+        } else {
+          set_env(r, port);
+          try {
+            status = body(r, board_->ranks[r]);
+          } catch (const std::exception& e) {
+            board_->ranks[r].set_note(std::string("the rank's test body threw: ") + e.what());
+          }
         }
         board_->ranks[r].reported.store(1, std::memory_order_release);
         std::fflush(nullptr);
         std::exit(status);  // a normal exit: static destructors and atexit handlers run
       }
+      ::close(fds[0]);
       pids_[idx(r)] = pid;
+      port_pipes.push_back(fds[1]);
     }
+    try {
+      server_.emplace("127.0.0.1", 0, token_bytes(token_));
+    } catch (...) {
+      for (int w : port_pipes) ::close(w);  // the ranks read end of file and exit
+      throw;
+    }
+    send_port(port_pipes, server_->port());
   }
 
   board& state() { return *board_; }
@@ -285,7 +314,8 @@ class fault_job {
   // /dev/shm entries of this job (its segments are named after the store's instance).
   std::vector<std::string> leftover_segments() const {
     std::vector<std::string> out;
-    const std::string prefix = "plait-plait" + server_.instance_id().substr(0, 16);
+    if (!server_) return out;
+    const std::string prefix = "plait-plait" + server_->instance_id().substr(0, 16);
     if (DIR* d = ::opendir("/dev/shm")) {
       while (dirent* e = ::readdir(d))
         if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) out.emplace_back(e->d_name);
@@ -302,10 +332,10 @@ class fault_job {
     return b;
   }
 
-  void set_env(int r) const {
+  void set_env(int r, std::uint16_t store_port) const {
     ::setenv("PLAIT_RANK", std::to_string(r).c_str(), 1);
     ::setenv("PLAIT_WORLD_SIZE", std::to_string(n_).c_str(), 1);
-    ::setenv("PLAIT_STORE", ("127.0.0.1:" + std::to_string(server_.port())).c_str(), 1);
+    ::setenv("PLAIT_STORE", ("127.0.0.1:" + std::to_string(store_port)).c_str(), 1);
     ::setenv("PLAIT_STORE_SERVED", "1", 1);
     ::setenv("PLAIT_TOKEN", token_.c_str(), 1);
     if (opt_.join_timeout.empty()) {
@@ -325,7 +355,7 @@ class fault_job {
   transport_kind kind_;
   job_options opt_;
   std::string token_;
-  bootstrap::store_server server_;
+  std::optional<bootstrap::store_server> server_;  // from start(), after the forks
   board* board_ = nullptr;
   std::vector<pid_t> pids_;
   std::vector<int> status_;

@@ -16,7 +16,6 @@
 #pragma once
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,6 +37,8 @@
 #include <plait/bootstrap/store_server.hpp>
 #include <plait/bootstrap/token.hpp>
 #include <plait/plait.hpp>
+
+#include "port_pipe.hpp"
 
 namespace plait::testing {
 
@@ -104,48 +105,11 @@ inline std::string slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
-// Waits (bounded) for the parent to send the store's port down `fd`; 0 if it did not.
-inline std::uint16_t read_port(int fd, std::chrono::steady_clock::time_point deadline) {
-  std::uint16_t port = 0;
-  std::size_t got = 0;
-  while (got < sizeof port) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return 0;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    const ssize_t k = ::read(fd, reinterpret_cast<char*>(&port) + got, sizeof port - got);
-    if (k <= 0) return 0;  // the parent went away
-    got += static_cast<std::size_t>(k);
-  }
-  return port;
-}
-
-// Writes the port to every rank's pipe and closes it. SIGPIPE (a rank that died before
-// reading) is blocked meanwhile and a pending one is discarded: reaping reports that rank.
-inline void send_port(const std::vector<int>& pipes, std::uint16_t port) {
-  sigset_t pipe_only, old;
-  sigemptyset(&pipe_only);
-  sigaddset(&pipe_only, SIGPIPE);
-  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
-  bool broken = false;
-  for (int w : pipes) {
-    broken |= ::write(w, &port, sizeof port) != static_cast<ssize_t>(sizeof port);
-    ::close(w);
-  }
-  if (broken) {
-    const timespec zero{};
-    ::sigtimedwait(&pipe_only, nullptr, &zero);
-  }
-  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-}
-
 }  // namespace detail_ranks
 
 // Runs fn(comm) in n forked ranks. Returns one rank_result per rank.
 // The ranks are forked before the store server's thread starts and are then told its
-// port through a pipe: a fork while that thread runs could copy a lock it holds
-// (malloc's under ASan, OpenSSL's) into a child, where nothing would ever release it.
+// port through a pipe (port_pipe.hpp says why).
 template <class Transport, class F>
 std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
   namespace fs = std::filesystem;
@@ -166,7 +130,7 @@ std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
     if (pid == 0) {
       ::close(fds[1]);
       for (int w : port_pipes) ::close(w);
-      const std::uint16_t port = detail_ranks::read_port(fds[0], start_deadline);
+      const std::uint16_t port = read_port(fds[0], start_deadline);
       ::close(fds[0]);
       const std::string base = dir + "/rank" + std::to_string(r);
       if (port == 0) {
@@ -219,7 +183,7 @@ std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
     throw;
   }
   const std::uint16_t port = server->port();
-  detail_ranks::send_port(port_pipes, port);
+  send_port(port_pipes, port);
 
   std::vector<rank_result> results(static_cast<std::size_t>(n));
   std::vector<bool> done(static_cast<std::size_t>(n), false);
