@@ -88,7 +88,8 @@ struct call_builder {
     c->desc.algorithm = algo;
     c->desc.root = root;
     c->desc.count = count;
-    c->desc.slice_bytes = static_cast<std::uint32_t>(core.config().slice_for(kind));
+    const std::size_t shards = kind == collective_kind::all_gather ? static_cast<std::size_t>(core.size()) : 1;
+    c->desc.slice_bytes = static_cast<std::uint32_t>(core.config().slice_for(kind, count * sizeof(T) * shards));
     c->elem_size = sizeof(T);
     c->kernel = &kernel_entry<T, Op>;
     std::memcpy(c->op, &op, sizeof(Op));
@@ -117,7 +118,7 @@ struct call_builder {
     return p;
   }
 
-  // This call's slice (comm_config::slice_for its kind), in elements.
+  // This call's slice (comm_config::slice_for its kind and output), in elements.
   std::size_t slice_elems() const { return std::max<std::size_t>(1, c->desc.slice_bytes / sizeof(T)); }
 
   // What this call's schedule is made from (see comm_core::schedule_for).

@@ -156,6 +156,17 @@ class executor {
   // Lending (a send by reference, link_set::sends_by_reference) pays for every call
   // of a copy-only collective from this size (the whole call's bytes).
   static constexpr std::size_t lend_from_call_bytes = 8 * 1024 * 1024;
+  // all_gather calls with lend_from_call_bytes up to this much output go in the slices
+  // of plain copies (comm_config::copy_slice_bytes, 1 MiB on shm) rather than the
+  // reductions' (256K), and where they lend from any memory their own block is copied
+  // with plain stores (streams()). Measured (docs/performance.md, "all_gather of 8 to
+  // 64 MiB in 1 MiB slices"): 2 ranks 8M-32M 1.06-1.38x less time, 4 ranks level to
+  // 1.36x; from 64 MiB, slots with non-temporal stores beat lending on one host type
+  // and lose on another, so the rule stops there.
+  static constexpr std::size_t gather_copy_slice_below = 64 * 1024 * 1024;
+  static constexpr bool gather_in_copy_slices(std::size_t output_bytes) noexcept {
+    return output_bytes >= lend_from_call_bytes && output_bytes < gather_copy_slice_below;
+  }
   // How far ahead of the next step frames are asked to land in the output.
   static constexpr std::size_t landing_lookahead = 16;
 
@@ -238,8 +249,13 @@ class executor {
   // stream_from_ bytes of output. Measured (docs/performance.md, "all_gather copies
   // into a large output past the cache"): all_gather ahead at 16M and more in every
   // run; broadcast and all_reduce ahead in some runs and behind in others, so not yet.
+  // Not where the call lends from any memory in copy slices (gather_in_copy_slices):
+  // there a peer's single copy reads this rank's input while it copies its own block,
+  // and non-temporal stores made that 1.4x slower (16M in one 8M slice: 2078 against
+  // 1464 us).
   bool streams(const call& c) const noexcept {
-    return c.desc.kind == collective_kind::all_gather && output_bytes(c) >= stream_from_;
+    if (c.desc.kind != collective_kind::all_gather || output_bytes(c) < stream_from_) return false;
+    return !(gather_in_copy_slices(output_bytes(c)) && lends_any_memory(c) && lending_pays(c));
   }
 
   // Runs the kernel of a ready step; `out`, where the step writes the output, is the

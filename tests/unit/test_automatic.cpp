@@ -104,3 +104,29 @@ TEST_CASE("broadcast and send/recv take the copy slice, the other collectives th
   CHECK(cfg.slice_for(collective_kind::point_to_point) == 1024u);
   CHECK(cfg.slot_bytes() == 4096u);
 }
+
+TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice", "[automatic]") {
+  plait::detail::comm_config cfg;
+  cfg.slice_bytes = 4096;
+  cfg.copy_slice_bytes = 1 << 20;
+  constexpr std::size_t M = 1024 * 1024;
+  for (int ranks : {2, 4}) {
+    plait::detail::comm_core core(0, ranks, cfg);
+    // A shard of `count` floats: the output holds `ranks` of them.
+    const auto slice_of = [&](collective_kind kind, std::size_t output) {
+      const std::size_t count = output / sizeof(float) / (kind == collective_kind::all_gather ? ranks : 1);
+      plait::detail::call_builder<float, plait::sum> b(core, kind, plait::ring::id, plait::sum{}, 0, count, 1, {});
+      return b.c->desc.slice_bytes;
+    };
+    CAPTURE(ranks);
+    CHECK(slice_of(collective_kind::all_gather, 8 * M - 4 * ranks) == 4096u);
+    CHECK(slice_of(collective_kind::all_gather, 8 * M) == (1u << 20));
+    CHECK(slice_of(collective_kind::all_gather, 32 * M) == (1u << 20));
+    CHECK(slice_of(collective_kind::all_gather, 64 * M - 4 * ranks) == (1u << 20));
+    CHECK(slice_of(collective_kind::all_gather, 64 * M) == 4096u);
+    CHECK(slice_of(collective_kind::all_gather, 128 * M) == 4096u);
+    // The other reductions keep the slice at every size.
+    CHECK(slice_of(collective_kind::all_reduce, 16 * M) == 4096u);
+    CHECK(slice_of(collective_kind::reduce_scatter, 16 * M) == 4096u);
+  }
+}

@@ -109,9 +109,12 @@ struct comm_config {
   // send the fewest messages at every size. Set by communicator::create.
   bool one_host = false;
 
-  // The pipeline slice of a call of this kind.
-  std::size_t slice_for(collective_kind kind) const noexcept {
-    const bool plain_copy = kind == collective_kind::broadcast || kind == collective_kind::point_to_point;
+  // The pipeline slice of a call of this kind with this many bytes of output: plain
+  // copies', and all_gather's of 8 to 64 MiB (executor::gather_in_copy_slices), take
+  // copy_slice_bytes. Every rank computes the same from the same call.
+  std::size_t slice_for(collective_kind kind, std::size_t output_bytes = 0) const noexcept {
+    const bool plain_copy = kind == collective_kind::broadcast || kind == collective_kind::point_to_point ||
+                            (kind == collective_kind::all_gather && executor::gather_in_copy_slices(output_bytes));
     return plain_copy && copy_slice_bytes != 0 ? copy_slice_bytes : slice_bytes;
   }
   // A slot's payload capacity: the largest slice.
