@@ -156,6 +156,11 @@ class executor {
   // Lending (a send by reference, link_set::sends_by_reference) pays for every call
   // of a copy-only collective from this size (the whole call's bytes).
   static constexpr std::size_t lend_from_call_bytes = 8 * 1024 * 1024;
+  // all_gather with a core per rank (lends_any_memory) lends from this size: its own
+  // block's send goes before its copy, so the peer's single copy and this rank's own
+  // copy overlap, and that beat the slots from 64K (docs/performance.md, "The own
+  // block's send goes before its copy").
+  static constexpr std::size_t lend_gather_from_bytes = 64 * 1024;
   // all_gather calls with lend_from_call_bytes up to this much output go in the slices
   // of plain copies (comm_config::copy_slice_bytes, 1 MiB on shm) rather than the
   // reductions' (256K), and where they lend from any memory their own block is copied
@@ -219,15 +224,18 @@ class executor {
   // it saves a copy only where every receive is a plain copy into the output
   // (broadcast, send/recv, all_gather), and the lender's call ends only once its
   // reader has copied. Measured (docs/performance.md, "Single copy on shm"): it pays
-  // only from 8 MiB per call, for all_gather, and for broadcast and send/recv only
-  // with more ranks than cores. With a core per rank, a plain copy through slots in
+  // only from 8 MiB per call, for all_gather (from lend_gather_from_bytes with a core
+  // per rank), and for broadcast and send/recv only with more ranks than cores. With a
+  // core per rank, a plain copy through slots in
   // 1 MiB slices keeps both cores copying and beats the reader's single copy (2
   // ranks, huge pages: 16M 623 against 1013 us, 128M 8233 against 10860).
   bool lending_pays(const call& c) const noexcept {
     const bool gather = c.desc.kind == collective_kind::all_gather;
     if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)
       return false;
-    return lend_always_ || (output_bytes(c) >= lend_from_call_bytes && (gather || oversubscribed_));
+    if (lend_always_) return true;
+    if (gather && lends_any_memory(c)) return output_bytes(c) >= lend_gather_from_bytes;
+    return output_bytes(c) >= lend_from_call_bytes && (gather || oversubscribed_);
   }
 
   // Whether what lending_pays lends may be on any pages (link_set::lend_any_memory),
@@ -361,16 +369,21 @@ class executor {
     std::byte* out = s.write_output ? c.output + s.out_offset * c.elem_size : nullptr;
     // A send still reading the memory this step writes goes first.
     if (out != nullptr && !c.pending.empty() && !drained(c, out, out + bytes)) return false;
-    // Where the result already is in the caller's memory (the output this step
-    // writes, or the local source of a plain send), the transport may send it from
-    // there instead of from a slot the kernel fills.
+    // Where the result already is in the caller's memory (the local source of a step
+    // that receives nothing, whose output is a plain copy of it; else the output this
+    // step writes), the transport may send it from there instead of from a slot the
+    // kernel fills.
     const std::byte* from = nullptr;
     bool lend = false;
+    // The step's kernel does not write what it sends (its local source): the send may
+    // go first. Not decided by comparing pointers: in place, an output can be at the
+    // very address of the local source that a reduction reads.
+    const bool sends_local = s.recvs() == 0 && local != nullptr && !s.finalize;
     if (links_ != nullptr && bytes >= min_send_from_memory && s.sends() > 0) {
-      if (out != nullptr)
-        from = out;
-      else if (s.recvs() == 0 && local != nullptr && !s.finalize)
+      if (sends_local)
         from = local;
+      else if (out != nullptr)
+        from = out;
       lend = lending_pays(c);
       for (int p : s.send_peer)
         if (p >= 0 && from != nullptr && (!links_->sends_from_memory(p) || (!lend && links_->sends_by_reference(p))))
@@ -393,7 +406,13 @@ class executor {
       if (slot == nullptr) return false;
       if (from == nullptr) dsts[nd++] = slot;
     }
-    // Ready: every slot is here and every outgoing slot free. A plain copy of one
+    // Ready. A send from the local source goes before the kernel runs (it does not
+    // write those bytes): a peer that copies them from this rank's memory does so
+    // while this rank copies its own block (docs/performance.md, "The own block's send
+    // goes before its copy").
+    const bool send_first = from != nullptr && sends_local;
+    if (send_first) post_sends(c, s, bytes, from, lend);
+    // Every slot is here and every outgoing slot free. A plain copy of one
     // slot still in the sender's memory into the output goes straight from there.
     const bool plain_copy = nr == 1 && local == nullptr && !s.finalize && out != nullptr && nd == 0;
     if (plain_copy && received[0] == out) {
@@ -408,6 +427,14 @@ class executor {
       if (out != nullptr) dsts[nd++] = out;
       if (s.count > 0 && ns > 0 && nd > 0) run_kernel(c, s, srcs, ns, dsts, nd, out);
     }
+    if (!send_first) post_sends(c, s, bytes, from, lend);
+    for (int p : s.recv_peer)
+      if (p >= 0) links_->release(p);
+    return true;
+  }
+
+  // Posts a ready step's sends: its slots (`from` null), or its bytes at `from`.
+  void post_sends(call& c, const step& s, std::size_t bytes, const std::byte* from, bool lend) {
     if (from != nullptr) links_->lend_any_memory(lend && lends_any_memory(c));
     for (int p : s.send_peer) {
       if (p < 0) continue;
@@ -423,9 +450,6 @@ class executor {
         if (!links_->sent(p, ticket)) c.pending.push_back({p, ticket, from, from + bytes});
       }
     }
-    for (int p : s.recv_peer)
-      if (p >= 0) links_->release(p);
-    return true;
   }
 
   // Every slot from a peer is checked here before its payload is read: framing and

@@ -313,6 +313,134 @@ TEST_CASE("executor: frames a step only copies into the output are expected ther
   }
 }
 
+namespace {
+
+// A link set that sends from the caller's memory and records, for each post_from,
+// where the bytes were and what the output held at that moment.
+class send_order_links final : public plait::link_set {
+ public:
+  std::vector<std::byte> outbox = std::vector<std::byte>(1 << 16);
+  const std::vector<float>* output = nullptr;
+  std::vector<const std::byte*> sent_from;
+  std::vector<float> output_when_sent;
+  int slot_posts = 0;
+
+  bool reaches(int peer) const override { return peer == 1; }
+  std::size_t slot_bytes() const override { return outbox.size(); }
+  std::byte* acquire(int) override { return outbox.data(); }
+  void post(int, const slot_header&) override { ++slot_posts; }
+  bool sends_from_memory(int) const override { return true; }
+  std::uint64_t post_from(int, const slot_header&, const std::byte* from) override {
+    sent_from.push_back(from);
+    output_when_sent.push_back(output->front());
+    return 0;
+  }
+  plait::slot_view peek(int) override { return {}; }
+  void release(int) override {}
+  void health(int) override {}
+  void close(plait::close_reason) noexcept override {}
+};
+
+}  // namespace
+
+TEST_CASE("executor: a step that copies its local source and sends it sends from that source, before the copy",
+          "[unit][executor]") {
+  constexpr std::size_t count = 8192;  // floats: 32 KiB, above the 16 KiB a send from memory takes
+  send_order_links links;
+  doorbell bell;
+  std::atomic<bool> aborted{false};
+  std::vector<std::uint64_t> last_seen(4, 0);
+  std::vector<float> in(count, 2.0f), out(2 * count, -1.0f);
+  links.output = &out;
+  call c;
+  c.desc = desc_for(1, count);
+  c.desc.kind = collective_kind::all_gather;
+  c.desc.slice_bytes = count * sizeof(float);
+  step first = copy(region::input, 0, 0, count);  // all_gather's own block...
+  first.send_peer[0] = 1;                         // ...also sent to the next rank
+  c.steps = {first};
+  c.elem_size = sizeof(float);
+  c.input = reinterpret_cast<const std::byte*>(in.data());
+  c.output = reinterpret_cast<std::byte*>(out.data());
+  c.kernel = copy_kernel;
+  c.deadline = plait::clock::now() + std::chrono::seconds(5);
+  c.count_peers(2);
+  executor ex(0, 2, &links, bell, aborted, last_seen);
+  ex.advance(c);
+  CHECK(c.next == 1);
+  CHECK(links.slot_posts == 0);
+  REQUIRE(links.sent_from.size() == 1);
+  CHECK(links.sent_from[0] == c.input);       // from the input: the same bytes as the copy
+  CHECK(links.output_when_sent[0] == -1.0f);  // posted before the kernel wrote the output
+  CHECK(out[0] == 2.0f);                      // and the copy ran
+  CHECK(out[count - 1] == 2.0f);
+}
+
+TEST_CASE("executor: an in-place reduction that sends its output sends it after the kernel wrote it",
+          "[unit][executor]") {
+  // recv_reduce_copy_send in place: the local source and the output are one address,
+  // so a send from the output must not go first.
+  constexpr std::size_t count = 8192;
+  send_order_links links;
+  struct one_slot final : plait::link_set {
+    send_order_links& sends;
+    slot_header header;
+    std::vector<std::byte> payload = std::vector<std::byte>(count * sizeof(float));
+    bool taken = false;
+    explicit one_slot(send_order_links& s) : sends(s) {}
+    bool reaches(int peer) const override { return peer == 1; }
+    std::size_t slot_bytes() const override { return payload.size(); }
+    std::byte* acquire(int p) override { return sends.acquire(p); }
+    void post(int p, const slot_header& h) override { sends.post(p, h); }
+    bool sends_from_memory(int) const override { return true; }
+    std::uint64_t post_from(int p, const slot_header& h, const std::byte* f) override {
+      return sends.post_from(p, h, f);
+    }
+    plait::slot_view peek(int) override {
+      if (taken) return {};
+      return {&header, payload.data()};
+    }
+    void release(int) override { taken = true; }
+    void health(int) override {}
+    void close(plait::close_reason) noexcept override {}
+  } link(links);
+  std::vector<float> buf(count, 1.0f);  // input and output: in place
+  links.output = &buf;
+  const float three = 3.0f;
+  for (std::size_t i = 0; i < count; ++i) std::memcpy(link.payload.data() + i * sizeof(float), &three, sizeof three);
+  call c;
+  c.desc = desc_for(1, count);
+  c.desc.kind = collective_kind::all_reduce;
+  c.desc.slice_bytes = count * sizeof(float);
+  link.header.sender = 1;
+  link.header.bytes = static_cast<std::uint32_t>(count * sizeof(float));
+  link.header.desc = c.desc;
+  c.steps = {recv_reduce_copy_send(1, 0, 0, 1, count)};
+  c.elem_size = sizeof(float);
+  c.input = reinterpret_cast<const std::byte*>(buf.data());
+  c.output = reinterpret_cast<std::byte*>(buf.data());
+  c.kernel = [](const void*, const void* const* srcs, int nsrc, void* const* dsts, int ndst, std::size_t n,
+                int) noexcept {
+    for (int d = 0; d < ndst; ++d)
+      for (std::size_t i = 0; i < n; ++i) {
+        float v = 0;
+        for (int k = 0; k < nsrc; ++k) v += static_cast<const float*>(srcs[k])[i];
+        static_cast<float*>(dsts[d])[i] = v;
+      }
+  };
+  doorbell bell;
+  std::atomic<bool> aborted{false};
+  std::vector<std::uint64_t> last_seen(4, 0);
+  c.count_peers(2);
+  executor ex(0, 2, &link, bell, aborted, last_seen);
+  ex.advance(c);
+  CHECK(c.next == 1);
+  REQUIRE(links.sent_from.size() == 1);
+  CHECK(links.sent_from[0] == c.output);
+  CHECK(links.output_when_sent[0] == 4.0f);  // the sum, not the input it overwrote
+  CHECK(buf[count - 1] == 4.0f);
+}
+
 TEST_CASE("fifo_list: first in, first out, reusing its memory", "[unit][executor]") {
   fifo_list<std::shared_ptr<int>> q;
   CHECK(q.empty());
