@@ -226,9 +226,9 @@ class executor {
   // reader has copied. Measured (docs/performance.md, "Single copy on shm"): it pays
   // only from 8 MiB per call, for all_gather (from lend_gather_from_bytes with a core
   // per rank), and for broadcast and send/recv only with more ranks than cores. With a
-  // core per rank, a plain copy through slots in
-  // 1 MiB slices keeps both cores copying and beats the reader's single copy (2
-  // ranks, huge pages: 16M 623 against 1013 us, 128M 8233 against 10860).
+  // core per rank, a plain copy through slots in 1 MiB slices keeps both cores copying
+  // and beats the reader's single copy (2 ranks, huge pages: 16M 623 against 1013 us,
+  // 128M 8233 against 10860).
   bool lending_pays(const call& c) const noexcept {
     const bool gather = c.desc.kind == collective_kind::all_gather;
     if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)
@@ -263,7 +263,7 @@ class executor {
   // 1464 us).
   bool streams(const call& c) const noexcept {
     if (c.desc.kind != collective_kind::all_gather || output_bytes(c) < stream_from_) return false;
-    return !(gather_in_copy_slices(output_bytes(c)) && lends_any_memory(c) && lending_pays(c));
+    return !(gather_in_copy_slices(output_bytes(c)) && lends_any_memory(c));
   }
 
   // Runs the kernel of a ready step; `out`, where the step writes the output, is the

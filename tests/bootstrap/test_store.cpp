@@ -15,6 +15,7 @@
 #include <plait/bootstrap/store.hpp>
 
 #include "bootstrap_support.hpp"
+#include "support/port_pipe.hpp"
 
 using namespace std::chrono_literals;
 using clk = plait::clock;
@@ -149,11 +150,8 @@ TEST_CASE("forked processes share the store", "[store]") {
   for (int p = 0; p < procs; ++p)
     pids.push_back(plait::testing::fork_child([p, &port_pipe] {
       ::close(port_pipe[1]);  // so that the parent's end closing is end of file here
-      pollfd ready{port_pipe[0], POLLIN, 0};
-      std::uint16_t port = 0;
-      if (::poll(&ready, 1, 10000) != 1 ||
-          ::read(port_pipe[0], &port, sizeof port) != static_cast<ssize_t>(sizeof port))
-        return 9;
+      const std::uint16_t port = plait::testing::read_port(port_pipe[0], in(10000ms));
+      if (port == 0) return 9;
       store_client c("127.0.0.1", port, token, in(10000ms));
       c.add("arrived", 1, in(10000ms));
       c.set("proc/" + std::to_string(p), bytes(std::to_string(p * 11)), in(10000ms));

@@ -210,11 +210,22 @@ class fault_job {
     const auto port_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     std::vector<int> port_pipes;  // write ends, one per forked rank
     std::fflush(nullptr);
+    // On a failure midway the write ends are closed: the ranks forked so far read end
+    // of file and exit, and the destructor reaps them.
+    const auto fail = [&port_pipes](const char* what, int err) {
+      for (int w : port_pipes) ::close(w);
+      throw std::runtime_error(std::string("fault_job: ") + what + " failed: " + std::strerror(err));
+    };
     for (int r = 0; r < n_; ++r) {
       int fds[2];
-      if (::pipe(fds) != 0) throw std::runtime_error("fault_job: pipe failed: " + std::string(std::strerror(errno)));
+      if (::pipe(fds) != 0) fail("pipe", errno);
       const pid_t pid = ::fork();
-      if (pid < 0) throw std::runtime_error("fault_job: fork failed: " + std::string(std::strerror(errno)));
+      if (pid < 0) {
+        const int err = errno;
+        ::close(fds[0]);
+        ::close(fds[1]);
+        fail("fork", err);
+      }
       if (pid == 0) {
         ::close(fds[1]);
         for (int w : port_pipes) ::close(w);
