@@ -84,8 +84,8 @@ struct bench_run {
       else
         usage("reduce_scatter takes -a automatic, ring or direct");
     else if (o.op == "broadcast")
-      if constexpr (std::is_same_v<Algo, plait::direct> || std::is_same_v<Algo, plait::recursive_doubling>)
-        usage("-a direct and -a recursive_doubling are for all_reduce");
+      if constexpr (std::is_same_v<Algo, plait::recursive_doubling>)
+        usage("broadcast takes -a automatic, ring, tree or direct");
       else
         plait::broadcast<Algo>(comm, std::span<T>(out.data(), count), o.root);
     else if (o.op == "reduce")

@@ -158,6 +158,8 @@ void add_others(case_list<Tr>& cs, int n, std::size_t count) {
                 [=](int) { return to_blob(exact_pattern<T, Op>(last, count)); }});
   cs.push_back({label<T, Op>("broadcast<tree> root=middle", n, count), bcast(tree{}, middle),
                 [=](int) { return to_blob(exact_pattern<T, Op>(middle, count)); }});
+  cs.push_back({label<T, Op>("broadcast<direct> root=last", n, count), bcast(direct{}, last),
+                [=](int) { return to_blob(exact_pattern<T, Op>(last, count)); }});
   const int rroot = n > 1 ? 1 : 0;
   cs.push_back({label<T, Op>("reduce<tree> root=1", n, count),
                 [count, rroot](communicator<Tr>& c) {

@@ -137,6 +137,26 @@ struct direct {
     return out;
   }
 
+  // In place: the root's output buffer is the source. Per slice the root sends to
+  // every other rank (two per step) and each of them receives from the root.
+  static detail::schedule broadcast(const detail::schedule_params& p) {
+    using namespace detail;
+    schedule out;
+    const int n = p.size, r = p.rank, root = p.root;
+    for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
+      if (r != root) {
+        out.push_back(recv(root, off, len));
+        return;
+      }
+      for (int k = 1; k < n; k += 2) {
+        step s = send((root + k) % n, region::output, off, len);
+        if (k + 1 < n) s.send_peer[1] = (root + k + 1) % n;
+        out.push_back(s);
+      }
+    });
+    return out;
+  }
+
   static detail::schedule send_to(int peer, std::size_t count, std::size_t slice) {
     detail::schedule out;
     detail::for_each_slice(count, slice, [&](std::size_t off, std::size_t len) {

@@ -59,8 +59,11 @@ request broadcast_impl(comm_core& core, std::span<T> buf, int root, call_options
   auto p = b.sp(buf.size(), root);
   request r;
   b.finish(
-      b.key(p), [&] { return algo == tree::id ? tree::broadcast(p) : ring::broadcast(p); }, buf.data(), buf.data(),
-      async, &r);
+      b.key(p),
+      [&] {
+        return algo == tree::id ? tree::broadcast(p) : algo == direct::id ? direct::broadcast(p) : ring::broadcast(p);
+      },
+      buf.data(), buf.data(), async, &r);
   return r;
 }
 
