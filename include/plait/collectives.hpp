@@ -142,6 +142,19 @@ struct call_builder {
   }
 };
 
+// The library's algorithms take ids 0-127; one written outside it (docs/algorithms.md,
+// "Adding an algorithm") takes 128-255, so that its calls' fingerprints and cached
+// schedules are its own and never taken for a built-in one's.
+template <class Algo>
+inline constexpr bool builtin_algorithm =
+    std::is_same_v<Algo, automatic> || std::is_same_v<Algo, ring> || std::is_same_v<Algo, tree> ||
+    std::is_same_v<Algo, direct> || std::is_same_v<Algo, recursive_doubling>;
+template <class Algo>
+constexpr void check_algorithm_id() {
+  static_assert(builtin_algorithm<Algo> || Algo::id >= 128,
+                "an algorithm defined outside plait takes an id of 128 or more (0-127 are the library's)");
+}
+
 // all_reduce_ranks: the communicator's size for all_reduce (which has the one-hop
 // and log-hop algorithms), 0 for the other collectives; network: the transport's
 // messages are costly (transport_traits::network); one_host: and every rank is on
@@ -149,6 +162,7 @@ struct call_builder {
 template <class Algo>
 std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0, bool network = false,
                   bool one_host = false) {
+  check_algorithm_id<Algo>();
   if constexpr (std::is_same_v<Algo, automatic>) {
     const int n = all_reduce_ranks;
     if (network && n >= 3 && tree_capable && (one_host || bytes <= automatic::network_tree_upto_bytes)) return tree::id;
@@ -168,6 +182,7 @@ std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0
 // transport on 4, 8, ... ranks (automatic::network_doubling_gather).
 template <class Algo>
 std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ranks, bool network = false) {
+  check_algorithm_id<Algo>();
   if constexpr (std::is_same_v<Algo, automatic>) {
     if (kind == collective_kind::all_gather)
       return automatic::network_doubling_gather(ranks, network) ? recursive_doubling::id : ring::id;
@@ -198,10 +213,13 @@ request all_reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out
   b.finish(
       b.key(p),
       [&] {
-        return algo == tree::id                 ? tree::all_reduce(p)
-               : algo == direct::id             ? direct::all_reduce(p)
-               : algo == recursive_doubling::id ? recursive_doubling::all_reduce(p)
-                                                : ring::all_reduce(p);
+        if constexpr (!std::is_same_v<Algo, automatic>)
+          return Algo::all_reduce(p);
+        else
+          return algo == tree::id                 ? tree::all_reduce(p)
+                 : algo == direct::id             ? direct::all_reduce(p)
+                 : algo == recursive_doubling::id ? recursive_doubling::all_reduce(p)
+                                                  : ring::all_reduce(p);
       },
       in.data(), out.data(), async, &r);
   return r;

@@ -61,7 +61,7 @@ struct call_desc {
   collective_kind kind = collective_kind::none;
   std::uint8_t dtype = 0;      // plait::dtype
   std::uint8_t op = 0;         // op id (0 = none/copy)
-  std::uint8_t algorithm = 0;  // 1 ring, 2 tree, 3 direct
+  std::uint8_t algorithm = 0;  // 1 ring, 2 tree, 3 direct, 4 recursive doubling; 128-255 outside the library
   std::uint32_t reserved = 0;
 
   friend bool operator==(const call_desc&, const call_desc&) = default;

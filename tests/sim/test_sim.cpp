@@ -83,6 +83,85 @@ TEST_CASE("ring and tree schedules produce the reference on the sim transport", 
   }
 }
 
+// An algorithm written outside the library (docs/algorithms.md, "Adding an
+// algorithm"): it hands out the library's schedules (direct's broadcast, the ring's
+// and the tree's for the rest) and counts the schedules the collectives ask it for.
+struct counting_algorithm {
+  static constexpr std::uint8_t id = 200;
+  static constexpr const char* name = "counting_algorithm";
+  static inline std::atomic<int> made{0};
+  static plait::detail::schedule broadcast(const plait::detail::schedule_params& p) {
+    ++made;
+    return plait::direct::broadcast(p);
+  }
+  static plait::detail::schedule all_reduce(const plait::detail::schedule_params& p) {
+    ++made;
+    return plait::ring::all_reduce(p);
+  }
+  static plait::detail::schedule all_gather(const plait::detail::schedule_params& p) {
+    ++made;
+    return plait::ring::all_gather(p);
+  }
+  static plait::detail::schedule reduce_scatter(const plait::detail::schedule_params& p) {
+    ++made;
+    return plait::ring::reduce_scatter(p);
+  }
+  static plait::detail::schedule reduce(const plait::detail::schedule_params& p) {
+    ++made;
+    return plait::tree::reduce(p);
+  }
+};
+
+TEST_CASE("the collectives run the schedules of an algorithm written outside the library", "[sim][extension]") {
+  const int n = GENERATE(1, 3, 4);
+  const std::size_t count = 4099;
+  CAPTURE(n);
+  const auto want = reference_all_reduce<float, plait::sum>(n, count);
+  const int root = n / 2;
+  for (const std::string op : {"broadcast", "all_reduce", "all_gather", "reduce_scatter", "reduce"}) {
+    CAPTURE(op);
+    counting_algorithm::made = 0;
+    auto errors = on_threads(n, "sim-extension-" + op + "-" + std::to_string(n), [&](comm_t& c, std::string& err) {
+      const auto in = exact_pattern<float>(c.rank(), count);
+      if (op == "broadcast") {
+        std::vector<float> b = c.rank() == root ? in : std::vector<float>(count);
+        plait::broadcast<counting_algorithm>(c, std::span<float>(b), root);
+        err += compare(exact_pattern<float>(root, count), b, c.rank(), "broadcast<counting_algorithm>");
+      } else if (op == "all_reduce") {
+        std::vector<float> out(count);
+        plait::all_reduce<counting_algorithm>(c, std::span<const float>(in), std::span<float>(out), plait::sum{});
+        err += compare(want, out, c.rank(), "all_reduce<counting_algorithm>");
+      } else if (op == "all_gather") {
+        std::vector<float> full(count * static_cast<std::size_t>(n));
+        plait::all_gather<counting_algorithm>(c, std::span<const float>(in), std::span<float>(full));
+        for (int q = 0; q < n; ++q)
+          err += compare(exact_pattern<float>(q, count),
+                         std::vector<float>(full.begin() + static_cast<std::ptrdiff_t>(q * count),
+                                            full.begin() + static_cast<std::ptrdiff_t>((q + 1) * count)),
+                         c.rank(), "all_gather<counting_algorithm>");
+      } else if (op == "reduce_scatter") {
+        std::vector<float> full(count * static_cast<std::size_t>(n));
+        for (int q = 0; q < n; ++q)
+          std::copy(in.begin(), in.end(), full.begin() + static_cast<std::ptrdiff_t>(q * count));
+        std::vector<float> shard(count);
+        plait::reduce_scatter<counting_algorithm>(c, std::span<const float>(full), std::span<float>(shard),
+                                                  plait::sum{});
+        err += compare(want, shard, c.rank(), "reduce_scatter<counting_algorithm>");
+      } else {
+        std::vector<float> out(count);
+        plait::reduce<counting_algorithm>(c, std::span<const float>(in), std::span<float>(out), plait::sum{}, root);
+        err +=
+            compare(c.rank() == root ? want : std::vector<float>(count), out, c.rank(), "reduce<counting_algorithm>");
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+    }
+    CHECK(counting_algorithm::made.load() >= n);  // every rank's schedule came from the algorithm
+  }
+}
+
 // all_reduce<Algo> on n ranks, which Algo does not support: each rank refuses the
 // call itself before any payload moves, so invalid_argument everywhere, saying why.
 template <class Algo>

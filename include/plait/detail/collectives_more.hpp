@@ -23,9 +23,12 @@ request all_gather_impl(comm_core& core, std::span<const T> shard, std::span<T> 
   b.finish(
       b.key(p),
       [&] {
-        return algo == direct::id               ? direct::all_gather(p)
-               : algo == recursive_doubling::id ? recursive_doubling::all_gather(p)
-                                                : ring::all_gather(p);
+        if constexpr (!std::is_same_v<Algo, automatic>)
+          return Algo::all_gather(p);
+        else
+          return algo == direct::id               ? direct::all_gather(p)
+                 : algo == recursive_doubling::id ? recursive_doubling::all_gather(p)
+                                                  : ring::all_gather(p);
       },
       shard.data(), full.data(), async, &r);
   return r;
@@ -45,8 +48,14 @@ request reduce_scatter_impl(comm_core& core, std::span<const T> full, std::span<
   request r;
   auto p = b.sp(shard.size());
   b.finish(
-      b.key(p), [&] { return algo == direct::id ? direct::reduce_scatter(p) : ring::reduce_scatter(p); }, full.data(),
-      shard.data(), async, &r);
+      b.key(p),
+      [&] {
+        if constexpr (!std::is_same_v<Algo, automatic>)
+          return Algo::reduce_scatter(p);
+        else
+          return algo == direct::id ? direct::reduce_scatter(p) : ring::reduce_scatter(p);
+      },
+      full.data(), shard.data(), async, &r);
   return r;
 }
 
@@ -61,7 +70,10 @@ request broadcast_impl(comm_core& core, std::span<T> buf, int root, call_options
   b.finish(
       b.key(p),
       [&] {
-        return algo == tree::id ? tree::broadcast(p) : algo == direct::id ? direct::broadcast(p) : ring::broadcast(p);
+        if constexpr (!std::is_same_v<Algo, automatic>)
+          return Algo::broadcast(p);
+        else
+          return algo == tree::id ? tree::broadcast(p) : algo == direct::id ? direct::broadcast(p) : ring::broadcast(p);
       },
       buf.data(), buf.data(), async, &r);
   return r;
@@ -70,7 +82,9 @@ request broadcast_impl(comm_core& core, std::span<T> buf, int root, call_options
 template <class Algo, class T, class Op>
 request reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op op, int root, call_options opt,
                     bool async) {
-  call_builder<T, Op> b(core, collective_kind::reduce, tree::id, op, root, out.size(), core.next_sequence(), opt);
+  check_algorithm_id<Algo>();
+  constexpr std::uint8_t algo = std::is_same_v<Algo, automatic> ? tree::id : Algo::id;
+  call_builder<T, Op> b(core, collective_kind::reduce, algo, op, root, out.size(), core.next_sequence(), opt);
   b.require(root >= 0 && root < core.size(), "root is out of range [0, size())");
   b.require(in.size() == out.size(), "input and output must have the same number of elements on every rank");
   b.require(!overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()),
@@ -79,7 +93,14 @@ request reduce_impl(comm_core& core, std::span<const T> in, std::span<T> out, Op
   request r;
   auto p = b.sp(out.size(), root);
   b.finish(
-      b.key(p), [&] { return tree::reduce(p); }, in.data(), out.data(), async, &r);
+      b.key(p),
+      [&] {
+        if constexpr (std::is_same_v<Algo, automatic>)
+          return tree::reduce(p);
+        else
+          return Algo::reduce(p);
+      },
+      in.data(), out.data(), async, &r);
   return r;
 }
 
