@@ -14,15 +14,16 @@
 set -euo pipefail
 
 build=build-release rounds=3 ranks=2
-while getopts "B:r:n:" o; do
-  case $o in
-    B) build=$OPTARG ;;
-    r) rounds=$OPTARG ;;
-    n) ranks=$OPTARG ;;
-    *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+# Parsed by hand, not with getopts: SETTING may itself be -a.
+while (($# >= 2)) && [[ $1 == -[Brn] ]]; do
+  case $1 in
+    -B) build=$2 ;;
+    -r) rounds=$2 ;;
+    -n) ranks=$2 ;;
   esac
+  shift 2
 done
-shift $((OPTIND - 1))
+[[ ${1-} == -- ]] && shift  # also taken: ab.sh -r 3 -n 4 -- -a ring,tree -- ...
 if (($# < 3)) || [[ $3 != -- ]]; then sed -n '2,13p' "$0" >&2; exit 2; fi
 setting=$1 values=$2
 shift 3

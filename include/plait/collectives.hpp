@@ -178,14 +178,14 @@ std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0
 // all_gather and reduce_scatter: ring, direct (the same bytes; direct in one hop) or,
 // for all_gather on 2^k ranks, recursive doubling (log2 n hops). `automatic` takes
 // direct for small reduce_scatter only (automatic::scatter_direct_below_bytes), and
-// not over a network transport; recursive doubling for all_gather over a network
-// transport on 4, 8, ... ranks (automatic::network_doubling_gather).
+// not over a network transport; recursive doubling for all_gather on 4, 8, ... ranks
+// over a network transport, or small (automatic::doubling_gather).
 template <class Algo>
 std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ranks, bool network = false) {
   check_algorithm_id<Algo>();
   if constexpr (std::is_same_v<Algo, automatic>) {
     if (kind == collective_kind::all_gather)
-      return automatic::network_doubling_gather(ranks, network) ? recursive_doubling::id : ring::id;
+      return automatic::doubling_gather(ranks, network, total_bytes) ? recursive_doubling::id : ring::id;
     return kind == collective_kind::reduce_scatter && !network &&
                    total_bytes < automatic::scatter_direct_below_bytes(ranks)
                ? direct::id

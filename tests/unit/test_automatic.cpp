@@ -67,7 +67,20 @@ TEST_CASE("automatic over a network: reduce_scatter stays on the ring, all_gathe
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 64 * K * K, 8, true) == plait::recursive_doubling::id);
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 2, true) == plait::ring::id);
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 6, true) == plait::ring::id);
-  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 4, false) == plait::ring::id);
+}
+
+TEST_CASE("automatic over memory: all_gather doubles on 2^k ranks below 256 KiB of output", "[automatic]") {
+  constexpr std::size_t K = 1024;
+  for (int n : {4, 8, 16}) {
+    CAPTURE(n);
+    CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, n, false) == plait::recursive_doubling::id);
+    CHECK(pick_exchange<automatic>(collective_kind::all_gather, 256 * K - 4 * static_cast<std::size_t>(n), n, false) ==
+          plait::recursive_doubling::id);
+    CHECK(pick_exchange<automatic>(collective_kind::all_gather, 256 * K, n, false) == plait::ring::id);
+  }
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 2, false) == plait::ring::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 6, false) == plait::ring::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 16 * K * K, 4, false) == plait::ring::id);
 }
 
 TEST_CASE("an explicit algorithm is never overridden by the transport", "[automatic]") {

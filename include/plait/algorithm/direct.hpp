@@ -190,8 +190,9 @@ struct automatic {
   // ranks below 64 KiB (4K: 10.9 vs 16.2 us), on 8 below 32 KiB (docs/performance.md).
   static constexpr std::size_t doubling_below_bytes(int ranks) noexcept { return ranks == 4 ? 64 * 1024 : 32 * 1024; }
   // reduce_scatter (S the whole input): direct below this, ring above. Measured on 4
-  // ranks: 4K 16.7 vs 23.5 us, even at 16K, the ring ahead from 64K. all_gather stays
-  // on the ring over memory: with 4 ranks it already answers 4K in 8.6 us (direct 8.8) and wins above.
+  // ranks: 4K 16.7 vs 23.5 us, even at 16K, the ring ahead from 64K. all_gather does
+  // not take direct (4 ranks, 4K: 8.8 vs the ring's 8.6 us) but recursive doubling
+  // (doubling_gather).
   static constexpr std::size_t scatter_direct_below_bytes(int ranks) noexcept { return ranks >= 4 ? 16 * 1024 : 0; }
   // Over a network transport (tcp) every message costs system calls and wake-ups, and
   // with more ranks than cores each is paid on a shared core, so the number of
@@ -204,13 +205,15 @@ struct automatic {
   // a link (3, 4 and 8 ranks on 2 cores, 2M-128M: the tree 1.1-1.4x ahead of the
   // ring); between hosts the ring's fewer bytes per link win above this size.
   static constexpr std::size_t network_tree_upto_bytes = 1024 * 1024;
-  // all_gather over a network transport on 4, 8, ... ranks: recursive doubling
-  // (log2 n rounds) at every size: 4 ranks, tcp, against the ring: 4K 87 vs 110 us,
-  // 64K 94 vs 164, 1M 425 vs 617, 64M 36.8 vs 44.1 ms; 8 ranks 4K 291 vs 472 and
-  // level at 1M (docs/performance.md). Over memory the ring stays (level, and
-  // behind from 4M).
-  static constexpr bool network_doubling_gather(int ranks, bool network) noexcept {
-    return network && ranks >= 4 && (ranks & (ranks - 1)) == 0;
+  // all_gather on 4, 8, ... ranks: recursive doubling (log2 n rounds) over a network
+  // transport at every size: 4 ranks, tcp, against the ring: 4K 87 vs 110 us, 64K 94
+  // vs 164, 1M 425 vs 617, 64M 36.8 vs 44.1 ms; 8 ranks 4K 291 vs 472 and level at 1M.
+  // Over memory below doubling_gather_below_bytes (the whole output): 4 ranks on 2
+  // cores 4K 9.9 vs 13.9 us, 64K 19.4 vs 22.5, 128K 34.3 vs 38.1; 8 ranks 4K 35.0 vs
+  // 48.8, 64K 76.0 vs 99.8; the ring ahead from 512K (279 vs 207) (docs/performance.md).
+  static constexpr std::size_t doubling_gather_below_bytes = 256 * 1024;
+  static constexpr bool doubling_gather(int ranks, bool network, std::size_t total_bytes) noexcept {
+    return ranks >= 4 && (ranks & (ranks - 1)) == 0 && (network || total_bytes < doubling_gather_below_bytes);
   }
 };
 
