@@ -64,6 +64,8 @@ fi
 
 echo "== bench/compare smoke test (fake benches)"
 bash bench/compare_test.sh
+echo "== bench/ab.sh smoke test (fake build)"
+bash bench/ab_test.sh
 echo "== bench/compare --quick, 2 ranks"
 bench/compare --quick --strict --build "$build" --ranks 2 --out "$out/compare"
 grep -q "^## Targets" "$out/compare/compare.md"
