@@ -90,26 +90,16 @@ struct counting_algorithm {
   static constexpr std::uint8_t id = 200;
   static constexpr const char* name = "counting_algorithm";
   static inline std::atomic<int> made{0};
-  static plait::detail::schedule broadcast(const plait::detail::schedule_params& p) {
+  static plait::detail::schedule counted(plait::detail::schedule s) {
     ++made;
-    return plait::direct::broadcast(p);
+    return s;
   }
-  static plait::detail::schedule all_reduce(const plait::detail::schedule_params& p) {
-    ++made;
-    return plait::ring::all_reduce(p);
-  }
-  static plait::detail::schedule all_gather(const plait::detail::schedule_params& p) {
-    ++made;
-    return plait::ring::all_gather(p);
-  }
-  static plait::detail::schedule reduce_scatter(const plait::detail::schedule_params& p) {
-    ++made;
-    return plait::ring::reduce_scatter(p);
-  }
-  static plait::detail::schedule reduce(const plait::detail::schedule_params& p) {
-    ++made;
-    return plait::tree::reduce(p);
-  }
+  using params = plait::detail::schedule_params;
+  static plait::detail::schedule broadcast(const params& p) { return counted(plait::direct::broadcast(p)); }
+  static plait::detail::schedule all_reduce(const params& p) { return counted(plait::ring::all_reduce(p)); }
+  static plait::detail::schedule all_gather(const params& p) { return counted(plait::ring::all_gather(p)); }
+  static plait::detail::schedule reduce_scatter(const params& p) { return counted(plait::ring::reduce_scatter(p)); }
+  static plait::detail::schedule reduce(const params& p) { return counted(plait::tree::reduce(p)); }
 };
 
 TEST_CASE("the collectives run the schedules of an algorithm written outside the library", "[sim][extension]") {
