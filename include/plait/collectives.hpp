@@ -180,16 +180,36 @@ std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0
 // direct for small reduce_scatter only (automatic::scatter_direct_below_bytes), and
 // not over a network transport; recursive doubling for all_gather on 4, 8, ... ranks
 // over a network transport, or small (automatic::doubling_gather).
+// Where every peer reads one staged copy (shares_copies), all_gather takes direct
+// from automatic::gather_direct_from_bytes on 3 or more ranks.
 template <class Algo>
-std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ranks, bool network = false) {
+std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ranks, bool network = false,
+                           bool shares_copies = false) {
   check_algorithm_id<Algo>();
   if constexpr (std::is_same_v<Algo, automatic>) {
+    if (kind == collective_kind::all_gather && shares_copies && ranks >= 3 &&
+        total_bytes >= automatic::gather_direct_from_bytes(ranks))
+      return direct::id;
     if (kind == collective_kind::all_gather)
       return automatic::doubling_gather(ranks, network, total_bytes) ? recursive_doubling::id : ring::id;
     return kind == collective_kind::reduce_scatter && !network &&
                    total_bytes < automatic::scatter_direct_below_bytes(ranks)
                ? direct::id
                : ring::id;
+  } else {
+    return Algo::id;
+  }
+}
+
+// broadcast: direct on 3 or more ranks where every peer reads one staged copy
+// (automatic::broadcast_direct_from_bytes), else the tree below tree_below_bytes and
+// the ring above.
+template <class Algo>
+std::uint8_t pick_broadcast(std::size_t bytes, int ranks, bool shares_copies = false) {
+  check_algorithm_id<Algo>();
+  if constexpr (std::is_same_v<Algo, automatic>) {
+    if (shares_copies && ranks >= 3 && bytes >= automatic::broadcast_direct_from_bytes) return direct::id;
+    return bytes < automatic::tree_below_bytes ? tree::id : ring::id;
   } else {
     return Algo::id;
   }

@@ -123,6 +123,7 @@ class communicator {
       if (cfg.one_host && !Transport::traits.network_on_one_host)
         cfg.network = false;  // a hybrid on one host: all local
     }
+    cfg.shares_copies = Transport::traits.shares_copies && !cfg.network;
     if (cfg.copy_slice_bytes == 0)
       cfg.copy_slice_bytes =
           cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, detail::comm_config::copy_slice_default);

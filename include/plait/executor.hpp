@@ -17,6 +17,10 @@
 // can receive into the caller's memory (tcp), a frame that a step will only copy into
 // the output is asked, a few steps ahead, to land there straight from the socket
 // (link_set::expect); the step then has nothing left to copy.
+// Where one slice of the caller's memory goes to several peers (a step with two
+// sends, or the same slice again in the next step) and the transport can share a
+// copy among them (link_set::shares_copies), it is copied once into the transport's
+// staging memory and every one of those peers reads it there (link_set::stage).
 // Every received slot is checked against the call: a different call description is
 // `mismatch` naming both sides; an error notice from a peer is `mismatch` naming it.
 // Not thread-safe: one call is driven by one thread at a time.
@@ -153,6 +157,8 @@ class executor {
   // Sends from the caller's memory are worth it from this size (below it the copy
   // into the slot costs less than keeping track).
   static constexpr std::size_t min_send_from_memory = 16 * 1024;
+  // A slice for several peers is staged once (link_set::stage) from this size.
+  static constexpr std::size_t min_share_bytes = 16 * 1024;
   // Lending (a send by reference, link_set::sends_by_reference) pays for every call
   // of a copy-only collective from this size (the whole call's bytes).
   static constexpr std::size_t lend_from_call_bytes = 8 * 1024 * 1024;
@@ -379,7 +385,8 @@ class executor {
     // go first. Not decided by comparing pointers: in place, an output can be at the
     // very address of the local source that a reduction reads.
     const bool sends_local = s.recvs() == 0 && local != nullptr && !s.finalize;
-    if (links_ != nullptr && bytes >= min_send_from_memory && s.sends() > 0) {
+    const bool share = sends_local && shares(c, s, bytes);
+    if (links_ != nullptr && bytes >= min_send_from_memory && s.sends() > 0 && !share) {
       if (sends_local)
         from = local;
       else if (out != nullptr)
@@ -400,18 +407,31 @@ class executor {
       recv_from[nr] = p;
       received[nr++] = v.payload;
     }
+    std::byte* slots[2];
+    int nslots = 0;
     for (int p : s.send_peer) {
       if (p < 0) continue;
       std::byte* slot = links_->acquire(p);
       if (slot == nullptr) return false;
-      if (from == nullptr) dsts[nd++] = slot;
+      slots[nslots++] = slot;
     }
-    // Ready. A send from the local source goes before the kernel runs (it does not
-    // write those bytes): a peer that copies them from this rank's memory does so
-    // while this rank copies its own block (docs/performance.md, "The own block's send
-    // goes before its copy").
-    const bool send_first = from != nullptr && sends_local;
-    if (send_first) post_sends(c, s, bytes, from, lend);
+    // Ready. A slice shared by several peers is staged once, or was by the step before.
+    std::uint64_t staged = 0;
+    if (share) {
+      const bool again = shared_.sequence == c.desc.sequence && shared_.kind == c.desc.kind && shared_.c == &c &&
+                         shared_.step + 1 == c.next && shared_.from == local && shared_.bytes == bytes;
+      staged = again ? shared_.handle : links_->stage(local, bytes);
+      shared_ = {};
+      if (staged != 0) shared_ = {&c, c.desc.sequence, c.desc.kind, c.next, local, bytes, staged};
+    }
+    if (from == nullptr && staged == 0)
+      for (int i = 0; i < nslots; ++i) dsts[nd++] = slots[i];
+    // A send from the local source goes before the kernel runs (it does not write
+    // those bytes): a peer that copies them from this rank's memory does so while this
+    // rank copies its own block (docs/performance.md, "The own block's send goes
+    // before its copy"). So does a staged one: its peers read it while this rank copies.
+    const bool send_first = (from != nullptr && sends_local) || staged != 0;
+    if (send_first) post_sends(c, s, bytes, from, lend, staged);
     // Every slot is here and every outgoing slot free. A plain copy of one
     // slot still in the sender's memory into the output goes straight from there.
     const bool plain_copy = nr == 1 && local == nullptr && !s.finalize && out != nullptr && nd == 0;
@@ -427,14 +447,35 @@ class executor {
       if (out != nullptr) dsts[nd++] = out;
       if (s.count > 0 && ns > 0 && nd > 0) run_kernel(c, s, srcs, ns, dsts, nd, out);
     }
-    if (!send_first) post_sends(c, s, bytes, from, lend);
+    if (!send_first) post_sends(c, s, bytes, from, lend, 0);
     for (int p : s.recv_peer)
       if (p >= 0) links_->release(p);
+    // What the next step may post again is a copy of memory nothing has written since.
+    if (out != nullptr && shared_.from != nullptr && out != shared_.from && out < shared_.from + shared_.bytes &&
+        shared_.from < out + bytes)
+      shared_ = {};
     return true;
   }
 
-  // Posts a ready step's sends: its slots (`from` null), or its bytes at `from`.
-  void post_sends(call& c, const step& s, std::size_t bytes, const std::byte* from, bool lend) {
+  // Whether a step that sends its local source sends a slice that several peers get
+  // (two sends, or the same slice in the next step, or in the step before, which
+  // staged it) through a transport that can share one copy among them.
+  bool shares(const call& c, const step& s, std::size_t bytes) const {
+    if (links_ == nullptr || s.sends() == 0 || bytes < min_share_bytes || bytes > links_->slot_bytes()) return false;
+    for (int p : s.send_peer)
+      if (p >= 0 && !links_->shares_copies(p)) return false;
+    auto same_slice = [&](const step& o) {
+      return o.recvs() == 0 && o.sends() > 0 && !o.finalize && o.src == s.src && o.src_offset == s.src_offset &&
+             o.count == s.count;
+    };
+    if (s.sends() == 2) return true;
+    if (c.next + 1 < c.steps.size() && same_slice(c.steps[c.next + 1])) return true;
+    return c.next > 0 && same_slice(c.steps[c.next - 1]);
+  }
+
+  // Posts a ready step's sends: its slots (`from` null), its bytes at `from`, or the
+  // copy staged for them (`staged`, a link_set::stage handle).
+  void post_sends(call& c, const step& s, std::size_t bytes, const std::byte* from, bool lend, std::uint64_t staged) {
     if (from != nullptr) links_->lend_any_memory(lend && lends_any_memory(c));
     for (int p : s.send_peer) {
       if (p < 0) continue;
@@ -443,7 +484,9 @@ class executor {
       h.sender = rank_;
       h.offset = s.src_offset;
       h.desc = c.desc;
-      if (from == nullptr) {
+      if (staged != 0) {
+        links_->post_staged(p, h, staged);
+      } else if (from == nullptr) {
         links_->post(p, h);
       } else {
         const std::uint64_t ticket = links_->post_from(p, h, from);
@@ -579,6 +622,17 @@ class executor {
   bool oversubscribed_;
   bool lend_always_;
   std::size_t stream_from_;
+  // The slice the last step staged (link_set::stage), which the next step may post
+  // again: its call, step and bytes, and the transport's handle.
+  struct shared_slice {
+    const call* c = nullptr;
+    std::uint64_t sequence = 0;
+    collective_kind kind{};
+    std::size_t step = 0;
+    const std::byte* from = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t handle = 0;
+  } shared_;
 };
 
 }  // namespace plait::detail

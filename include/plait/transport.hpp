@@ -53,6 +53,10 @@ struct transport_traits {
   // Ranks on one host still talk through the network stack (tcp over loopback); a
   // hybrid's ranks on one host use its local transport instead.
   bool network_on_one_host = false;
+  // One copy of a payload can be read by several peers (link_set::stage): a slice
+  // for n peers costs one copy in and n out, so `automatic` takes the one-hop direct
+  // broadcast and all_gather where that pays (the shared-memory transport).
+  bool shares_copies = false;
 };
 
 // What a transport needs from the rendezvous: a key-value exchange scoped to this
@@ -168,6 +172,30 @@ class link_set {
   // pages). The caller says so where it measured that lending pays even so, and
   // until it says otherwise. The default transport never lends: nothing to do.
   virtual void lend_any_memory(bool on) { (void)on; }
+
+  // One payload for several peers, copied once (optional; the defaults say no).
+  // Where shares_copies(peer) holds, stage() copies `bytes` at `payload` into memory
+  // that every such peer reads (shm: a pool in this rank's segment) and returns a
+  // handle, or 0 when no room is free now (then post through slots as usual); the
+  // caller's memory is free again once it returns. post_staged() publishes the slot
+  // last acquired for `peer` with the staged bytes as its payload; the peer reads
+  // them in place (peek() gives their address) and release() frees its hold. A
+  // handle may be posted to any number of peers until the next stage().
+  virtual bool shares_copies(int peer) const {
+    (void)peer;
+    return false;
+  }
+  virtual std::uint64_t stage(const std::byte* payload, std::size_t bytes) {
+    (void)payload;
+    (void)bytes;
+    return 0;
+  }
+  virtual void post_staged(int peer, const detail::slot_header& header, std::uint64_t handle) {
+    (void)peer;
+    (void)header;
+    (void)handle;
+    throw error(errc::invalid_argument, "post_staged() on a link set that stages nothing (see shares_copies())");
+  }
 
   // Receive side. peek() returns the oldest full slot from `peer` (header not yet
   // validated beyond framing), or an empty view. release() frees it.

@@ -79,6 +79,10 @@ enum slot_flags : std::uint16_t {
   // is released. A sender that fails first copies the payload into the slot and
   // clears this flag (link_set::detach), so the slot alone is then the truth.
   slot_by_reference = 2,
+  // The payload is in the sender's staging pool, chunk `reserved` (shm: one copy
+  // read by several peers, link_set::stage); the receiver reads it there and frees
+  // its hold on the chunk when it releases the slot.
+  slot_staged = 4,
 };
 
 struct slot_header {

@@ -235,3 +235,119 @@ TEST_CASE("shm: a rank with no shm peers takes part in connect and reaches nobod
   for (const auto& r : results) CHECK(r == "ok");
   CHECK(shm_leftovers(dir.job_key()).empty());
 }
+
+// Staging (link_set::stage): rank 0 copies one payload once and posts it to ranks 1
+// and 2, who both read it where it is; a chunk stays taken until every reader has
+// released it, and a slot naming a chunk the pool does not have is a protocol error.
+namespace {
+
+std::byte pattern(std::size_t chunk, std::size_t i) { return std::byte{static_cast<unsigned char>(chunk * 31 + i)}; }
+
+std::string stage_sender(plait::testing::file_bootstrap& ctx, plait::link_set& links, plait::detail::doorbell& bell) {
+  const auto deadline = clock::now() + std::chrono::seconds(20);
+  if (!links.shares_copies(1) || !links.shares_copies(2)) return "shares_copies() is false for a reached peer";
+  if (links.acquire(1) == nullptr) return "no free slot";
+  if (auto bad = expect_error([&] { links.post_staged(1, header_for(0, 0, slot), 0); }, errc::invalid_argument,
+                              "post_staged() with no handle");
+      !bad.empty())
+    return bad;
+  std::vector<std::byte> buf(slot);
+  if (links.stage(buf.data(), slot + 1) != 0) return "stage() of more bytes than a slot holds returned a handle";
+  // depth chunks: the first to both readers, the others to rank 1 only.
+  std::uint64_t handles[depth];
+  for (std::size_t c = 0; c < depth; ++c) {
+    for (std::size_t i = 0; i < slot; ++i) buf[i] = pattern(c, i);
+    handles[c] = links.stage(buf.data(), slot);
+    if (handles[c] == 0) return "stage() #" + std::to_string(c) + " found no free chunk in an unused pool";
+    std::fill(buf.begin(), buf.end(), std::byte{0xee});  // the caller's memory is free once stage() returns
+    if (auto bad = expect_error([&] { links.post_staged(1, header_for(0, c, slot - 1), handles[c]); },
+                                errc::invalid_argument, "post_staged() of other bytes than were staged");
+        !bad.empty())
+      return bad;
+    for (int peer : {1, 2}) {
+      if (peer == 2 && c > 0) continue;
+      if (links.acquire(peer) == nullptr) return "no free slot for chunk " + std::to_string(c);
+      links.post_staged(peer, header_for(0, c, slot), handles[c]);
+    }
+  }
+  if (handles[0] == handles[1]) return "two stage() calls in a row gave the same chunk";
+  // Every chunk is held by rank 1, the first also by rank 2: no room.
+  if (links.stage(buf.data(), slot) != 0) return "stage() returned a chunk that readers still hold";
+  const std::byte one{1};
+  ctx.put("staged", std::span(&one, 1));
+  ctx.barrier("read", deadline);  // both readers released everything
+  std::uint64_t again = 0;
+  for (;;) {  // their releases are visible by now; bounded all the same
+    const auto seen = bell.snapshot();
+    if ((again = links.stage(buf.data(), slot)) != 0) break;
+    if (clock::now() > deadline) return "stage() found no free chunk after every reader released";
+    bell.wait(seen, std::chrono::milliseconds(10));
+  }
+  // A slot that names a chunk past the pool (a peer writing outside the protocol).
+  auto h = header_for(0, 9, slot);
+  h.flags = plait::detail::slot_staged;
+  h.reserved = depth;
+  if (links.acquire(2) == nullptr) return "no free slot for the bad one";
+  links.post(2, h);
+  ctx.barrier("done", deadline);
+  return "ok";
+}
+
+std::string stage_reader(int r, plait::testing::file_bootstrap& ctx, plait::link_set& links,
+                         plait::detail::doorbell& bell) {
+  const auto deadline = clock::now() + std::chrono::seconds(20);
+  ctx.get("staged", deadline);
+  const std::size_t chunks = r == 1 ? depth : 1;
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const plait::slot_view v = wait_for_slot(links, bell, 0);
+    if (!(v.header->flags & plait::detail::slot_staged) || v.header->bytes != slot || v.payload == nullptr)
+      return "slot " + std::to_string(c) + " is not a staged one of " + std::to_string(slot) + " bytes";
+    for (std::size_t i = 0; i < slot; ++i)
+      if (v.payload[i] != pattern(c, i))
+        return "chunk " + std::to_string(c) + " byte " + std::to_string(i) + " is not what was staged";
+    links.release(0);
+  }
+  ctx.barrier("read", deadline);
+  if (r == 2) {
+    std::string outcome;
+    for (;;) {
+      const auto seen = bell.snapshot();
+      try {
+        if (links.peek(0).header != nullptr) {
+          outcome = "peek() returned a slot naming a chunk past the pool";
+          break;
+        }
+      } catch (const plait::error& e) {
+        if (e.code() != errc::protocol) outcome = std::string("peek() threw ") + e.what();
+        break;
+      }
+      if (clock::now() > deadline) {
+        outcome = "the bad slot never arrived";
+        break;
+      }
+      bell.wait(seen, std::chrono::milliseconds(10));
+    }
+    if (!outcome.empty()) return outcome;
+  }
+  ctx.barrier("done", deadline);
+  return "ok";
+}
+
+}  // namespace
+
+TEST_CASE("shm staging: one copy read in place by two peers, held until both release", "[shm][fifo][stage]") {
+  temp_dir dir;
+  const auto results = run_ranks(3, std::chrono::seconds(60), [&](int r, int) -> std::string {
+    plait::testing::file_bootstrap ctx(dir.path(), r, 3);
+    plait::detail::doorbell bell;
+    std::vector<int> peers;
+    for (int p = 0; p < 3; ++p)
+      if (p != r) peers.push_back(p);
+    auto links = plait::transport::shm::connect(ctx, bell, config(slot, depth), peers);
+    return r == 0 ? stage_sender(ctx, *links, bell) : stage_reader(r, ctx, *links, bell);
+  });
+  CHECK(results[0] == "ok");
+  CHECK(results[1] == "ok");
+  CHECK(results[2] == "ok");
+  CHECK(shm_leftovers(dir.job_key()).empty());
+}

@@ -83,6 +83,34 @@ TEST_CASE("automatic over memory: all_gather doubles on 2^k ranks below 256 KiB 
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 16 * K * K, 4, false) == plait::ring::id);
 }
 
+static_assert(plait::transport::shm::traits.shares_copies);
+static_assert(!plait::transport::tcp::traits.shares_copies);
+
+TEST_CASE("automatic where every peer reads one staged copy: direct broadcast and large all_gather", "[automatic]") {
+  using plait::detail::pick_broadcast;
+  constexpr std::size_t K = 1024;
+  for (int n : {3, 4, 8}) {
+    CAPTURE(n);
+    CHECK(pick_broadcast<automatic>(16 * K - 4, n, true) == plait::tree::id);
+    CHECK(pick_broadcast<automatic>(16 * K, n, true) == plait::direct::id);
+    CHECK(pick_broadcast<automatic>(128 * K * K, n, true) == plait::direct::id);
+    // Without shared copies, or on 2 ranks (one peer: nothing to share), tree then ring.
+    CHECK(pick_broadcast<automatic>(16 * K, n, false) == plait::tree::id);
+    CHECK(pick_broadcast<automatic>(1024 * K, n, false) == plait::ring::id);
+    const std::size_t from = n >= 8 ? 256 * K : 1024 * K;
+    CHECK(pick_exchange<automatic>(collective_kind::all_gather, from, n, false, true) == plait::direct::id);
+    CHECK(pick_exchange<automatic>(collective_kind::all_gather, 128 * K * K, n, false, true) == plait::direct::id);
+    CHECK(pick_exchange<automatic>(collective_kind::all_gather, from - 4 * static_cast<std::size_t>(n), n, false,
+                                   true) != plait::direct::id);
+    CHECK(pick_exchange<automatic>(collective_kind::all_gather, from, n, false, false) == plait::ring::id);
+    // reduce_scatter is unchanged: each block goes to one peer.
+    CHECK(pick_exchange<automatic>(collective_kind::reduce_scatter, from, n, false, true) == plait::ring::id);
+  }
+  CHECK(pick_broadcast<automatic>(1024 * K, 2, true) == plait::ring::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 1024 * K, 2, false, true) == plait::ring::id);
+  CHECK(pick_broadcast<plait::tree>(1024 * K, 4, true) == plait::tree::id);
+}
+
 TEST_CASE("an explicit algorithm is never overridden by the transport", "[automatic]") {
   CHECK(pick<plait::ring>(4096, true, 4, true) == plait::ring::id);
   CHECK(pick<plait::recursive_doubling>(4096, true, 4, true) == plait::recursive_doubling::id);

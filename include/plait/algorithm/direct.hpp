@@ -212,6 +212,18 @@ struct automatic {
   // cores 4K 9.9 vs 13.9 us, 64K 19.4 vs 22.5, 128K 34.3 vs 38.1; 8 ranks 4K 35.0 vs
   // 48.8, 64K 76.0 vs 99.8; the ring ahead from 512K (279 vs 207) (docs/performance.md).
   static constexpr std::size_t doubling_gather_below_bytes = 256 * 1024;
+  // Where every peer reads one staged copy of a slice (comm_config::shares_copies:
+  // shm), direct sends it to all peers for one copy in: broadcast on 3 or more ranks
+  // from this size, 2 cores, against the ring: 3 ranks 64K 6.3 vs 8.5 us, 1M 102 vs
+  // 242; 4 ranks 64K 6.5 vs 9.5, 1M 122 vs 228, 16M 5.9 vs 8.9 ms; 8 ranks 1M 169
+  // vs 489, 16M 14.4 vs 27.6 ms (docs/performance.md, "One copy for several peers").
+  static constexpr std::size_t broadcast_direct_from_bytes = 16 * 1024;
+  // all_gather from this size (the whole output): 3 ranks 1M 283 vs 331 us, 16M 8.1
+  // vs 11.2 ms; 4 ranks 4M 2.07 vs 2.54 ms, 16M 7.7 vs 12.5 (level at 1M); 8 ranks
+  // 256K 187 vs 255 us, 16M 14.9 vs 30.0 ms. Below it the ring or recursive doubling.
+  static constexpr std::size_t gather_direct_from_bytes(int ranks) noexcept {
+    return ranks >= 8 ? 256 * 1024 : 1024 * 1024;
+  }
   static constexpr bool doubling_gather(int ranks, bool network, std::size_t total_bytes) noexcept {
     return ranks >= 4 && (ranks & (ranks - 1)) == 0 && (network || total_bytes < doubling_gather_below_bytes);
   }

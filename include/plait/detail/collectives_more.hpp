@@ -9,8 +9,8 @@ namespace detail {
 template <class Algo, class T>
 request all_gather_impl(comm_core& core, std::span<const T> shard, std::span<T> full, call_options opt, bool async) {
   const auto n = static_cast<std::size_t>(core.size());
-  const std::uint8_t algo =
-      pick_exchange<Algo>(collective_kind::all_gather, full.size_bytes(), core.size(), core.config().network);
+  const std::uint8_t algo = pick_exchange<Algo>(collective_kind::all_gather, full.size_bytes(), core.size(),
+                                                core.config().network, core.config().shares_copies);
   call_builder<T, sum> b(core, collective_kind::all_gather, algo, sum{}, -1, shard.size(), core.next_sequence(), opt);
   b.require_count_fits(shard.size());
   b.require(full.size() == shard.size() * n, "output must hold size() shards: full.size() == shard.size() * n");
@@ -61,7 +61,7 @@ request reduce_scatter_impl(comm_core& core, std::span<const T> full, std::span<
 
 template <class Algo, class T>
 request broadcast_impl(comm_core& core, std::span<T> buf, int root, call_options opt, bool async) {
-  const std::uint8_t algo = pick<Algo>(buf.size_bytes(), true);
+  const std::uint8_t algo = pick_broadcast<Algo>(buf.size_bytes(), core.size(), core.config().shares_copies);
   call_builder<T, sum> b(core, collective_kind::broadcast, algo, sum{}, root, buf.size(), core.next_sequence(), opt);
   b.require(root >= 0 && root < core.size(), "root is out of range [0, size())");
   b.require_count_fits(buf.size());

@@ -108,6 +108,10 @@ struct comm_config {
   // ranks share, not a link's bandwidth, so `automatic` keeps to the schedules that
   // send the fewest messages at every size. Set by communicator::create.
   bool one_host = false;
+  // Every peer can read one copy of a payload (transport_traits::shares_copies, and
+  // not a network transport, so a hybrid only on one host): `automatic` takes direct
+  // for broadcast and large all_gather. Set by communicator::create.
+  bool shares_copies = false;
 
   // The pipeline slice of a call of this kind with this many bytes of output: plain
   // copies', and all_gather's of 8 to 64 MiB (executor::gather_in_copy_slices), take

@@ -42,6 +42,16 @@ class links final : public link_set {
     if (local_) local_->lend_any_memory(on);
     if (remote_) remote_->lend_any_memory(on);
   }
+  // Staging is the local set's: a payload shared with a peer across hosts goes through slots.
+  bool shares_copies(int peer) const override {
+    return local_ && at(peer) == local_.get() && local_->shares_copies(peer);
+  }
+  std::uint64_t stage(const std::byte* payload, std::size_t bytes) override {
+    return local_ ? local_->stage(payload, bytes) : 0;
+  }
+  void post_staged(int peer, const plait::detail::slot_header& h, std::uint64_t handle) override {
+    at(peer)->post_staged(peer, h, handle);
+  }
   slot_view peek(int peer) override { return at(peer)->peek(peer); }
   const std::byte* fetch(int peer) override { return at(peer)->fetch(peer); }
   bool receives_into_memory(int peer) const override { return at(peer)->receives_into_memory(peer); }
@@ -80,7 +90,8 @@ struct hybrid {
                                            .one_sided = Local::traits.one_sided && Remote::traits.one_sided,
                                            .zero_copy = Local::traits.zero_copy && Remote::traits.zero_copy,
                                            .network = Local::traits.network || Remote::traits.network,
-                                           .network_on_one_host = Local::traits.network};
+                                           .network_on_one_host = Local::traits.network,
+                                           .shares_copies = Local::traits.shares_copies};
   static constexpr std::string_view name = "hybrid";
 
   static std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::doorbell& bell,

@@ -148,7 +148,8 @@ inline std::unique_ptr<link_set> connect(bootstrap_context& ctx, plait::detail::
 }  // namespace shm_detail
 
 struct shm {
-  static constexpr transport_traits traits{.device_memory = false, .one_sided = true, .zero_copy = true};
+  static constexpr transport_traits traits{
+      .device_memory = false, .one_sided = true, .zero_copy = true, .shares_copies = true};
   static constexpr std::string_view name = "shm";
 
   // Collective; blocks until all ranks are connected or cfg.connect_timeout passes.

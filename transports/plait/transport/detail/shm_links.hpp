@@ -22,6 +22,16 @@
 // copy is then the one to use; a sender that exited with the flag still set is
 // peer_lost.
 //
+// Staging (link_set::stage): stage() copies a payload into a free chunk of this
+// rank's pool (shm_segment.hpp), and post_staged() posts a slot that names the chunk
+// (slot_staged, its index in `reserved`) after adding one to the chunk's holds. A
+// peer's peek() gives the chunk's address in the segment it has mapped; its release()
+// takes its hold off before it frees the slot. A chunk is reused only when no hold is
+// left, so one copy in serves every reader. The caller's memory is free once stage()
+// returns; a sender that fails leaves nothing to withdraw (the pool stays mapped by
+// its readers), and a reader that fails leaves its chunks held: the sender stages less
+// (stage() returns 0 when no chunk is free) and posts through slots.
+//
 // Errors: peek() validates the slot's framing (magic, version, bytes <= slot_bytes)
 // and throws errc::protocol for a bad one; the failure sticks to that link, so
 // peek() and health() on it throw it again. health(p) throws peer_lost when p's
@@ -101,6 +111,9 @@ class shm_link_set final : public link_set {
         geometry_.first_fifo_offset(own_.header()->fifo_count) + index_in_own * geometry_.fifo_bytes;
     l.in_ctl = reinterpret_cast<fifo_control*>(own_.base() + in_offset);
     l.in_slots = own_.base() + in_offset + sizeof(fifo_control);
+    const auto peer_fifos = static_cast<std::size_t>(l.peer_hdr->fifo_count);  // checked by open_segment
+    l.pool_ctl = reinterpret_cast<chunk_control*>(map.base() + geometry_.pool_offset(peer_fifos));
+    l.pool = map.base() + geometry_.chunk_offset(peer_fifos, 0);
     l.map = std::move(map);
     l.pid = static_cast<pid_t>(pid);
     l.lent.reserve(geometry_.depth);
@@ -152,6 +165,52 @@ class shm_link_set final : public link_set {
   bool sends_from_memory(int peer) const override { return lends(link_for(peer, "sends_from_memory")); }
   bool sends_by_reference(int peer) const override { return sends_from_memory(peer); }
   void lend_any_memory(bool on) override { any_memory_ = on; }
+
+  bool shares_copies(int peer) const override {
+    (void)link_for(peer, "shares_copies");
+    return true;
+  }
+
+  // Copies the payload into the next free chunk of the pool, looking from the one
+  // after the last staged; 0 when every chunk is still held.
+  std::uint64_t stage(const std::byte* payload, std::size_t bytes) override {
+    staged_ = 0;
+    if (own_.base() == nullptr || bytes > geometry_.slot_bytes) return 0;
+    const std::size_t fifos = static_cast<std::size_t>(own_.header()->fifo_count);
+    auto* ctl = reinterpret_cast<chunk_control*>(own_.base() + geometry_.pool_offset(fifos));
+    for (std::size_t k = 0; k < geometry_.depth; ++k) {
+      const std::size_t i = (next_chunk_ + k) % geometry_.depth;
+      // Acquire: the readers' reads of the chunk are done before we write over it.
+      if (ctl[i].holds.load(std::memory_order_acquire) != 0) continue;
+      plait::kernel::copy_bytes(own_.base() + geometry_.chunk_offset(fifos, i), payload, bytes);
+      next_chunk_ = (i + 1) % geometry_.depth;
+      staged_ = i + 1;
+      staged_bytes_ = bytes;
+      return staged_;
+    }
+    return 0;
+  }
+
+  void post_staged(int peer, const plait::detail::slot_header& header, std::uint64_t handle) override {
+    link& l = link_for(peer, "post_staged");
+    if (handle == 0 || handle != staged_ || header.bytes != staged_bytes_)
+      throw error(errc::invalid_argument,
+                  "shm: post_staged() of " + std::to_string(header.bytes) + " bytes with handle " +
+                      std::to_string(handle) + ", not the last stage() call's (handle " + std::to_string(staged_) +
+                      ", " + std::to_string(staged_bytes_) + " bytes)",
+                  rank_, peer);
+    if (acquire(peer) == nullptr)
+      throw error(errc::invalid_argument, "shm: post_staged() with no free slot (call acquire() first and check it)",
+                  rank_, peer);
+    const std::size_t fifos = static_cast<std::size_t>(own_.header()->fifo_count);
+    auto* ctl = reinterpret_cast<chunk_control*>(own_.base() + geometry_.pool_offset(fifos));
+    // Ordered before the peer can see the slot by publish()'s release store.
+    ctl[handle - 1].holds.fetch_add(1, std::memory_order_relaxed);
+    plait::detail::slot_header h = header;
+    h.flags = static_cast<std::uint16_t>(h.flags | plait::detail::slot_staged);
+    h.reserved = handle - 1;
+    publish(l, h);
+  }
 
   std::uint64_t post_from(int peer, const plait::detail::slot_header& header, const std::byte* payload) override {
     link& l = link_for(peer, "post_from");
@@ -208,16 +267,19 @@ class shm_link_set final : public link_set {
     std::memcpy(&l.in_header, slot, sizeof l.in_header);
     const auto& h = l.in_header;
     if (h.magic != plait::detail::slot_magic || h.version != plait::detail::wire_version ||
-        h.bytes > geometry_.slot_bytes || ((h.flags & plait::detail::slot_by_reference) && !l.staging))
+        h.bytes > geometry_.slot_bytes || ((h.flags & plait::detail::slot_by_reference) && !l.staging) ||
+        ((h.flags & plait::detail::slot_staged) &&
+         ((h.flags & plait::detail::slot_by_reference) || h.reserved >= geometry_.depth)))
       fail(l,
            error(errc::protocol,
                  "shm: slot #" + std::to_string(l.in_head) + " from rank " + std::to_string(peer) +
                      " has a bad header (magic " + std::to_string(h.magic) + ", version " + std::to_string(h.version) +
                      ", " + std::to_string(h.bytes) + " bytes in a slot of " + std::to_string(geometry_.slot_bytes) +
-                     "), or one by reference this rank did not offer to read: the peer runs a different plait "
-                     "version or wrote outside its slots",
+                     "), one by reference this rank did not offer to read, or one naming a pool chunk it does "
+                     "not have: the peer runs a different plait version or wrote outside its slots",
                  rank_, peer));
     if (h.flags & plait::detail::slot_by_reference) return {&l.in_header, nullptr};  // fetch() brings it
+    if (h.flags & plait::detail::slot_staged) return {&l.in_header, l.pool + h.reserved * geometry_.chunk_stride()};
     return {&l.in_header, slot + sizeof(plait::detail::slot_header)};
   }
 
@@ -241,6 +303,12 @@ class shm_link_set final : public link_set {
     link& l = link_for(peer, "release");
     if (!refresh_in(l))
       throw error(errc::invalid_argument, "shm: release() with no received slot (peek() first)", rank_, peer);
+    // A staged slot's hold on its chunk goes first: our reads of the chunk are done.
+    // The flags and index as peek() validated them (the slot holds the same header).
+    plait::detail::slot_header h;
+    std::memcpy(&h, in_slot(l), sizeof h);
+    if ((h.flags & plait::detail::slot_staged) && h.reserved < geometry_.depth)
+      l.pool_ctl[h.reserved].holds.fetch_sub(1, std::memory_order_release);
     // Release: our reads of the slot complete before the producer may reuse it.
     l.in_ctl->head.store(++l.in_head, std::memory_order_release);
     // Ringing only when the FIFO was full would need a store-load fence on both
@@ -322,6 +390,9 @@ class shm_link_set final : public link_set {
     std::byte* in_slots = nullptr;
     std::uint64_t in_head = 0;       // ours: slots released
     std::uint64_t in_tail_seen = 0;  // the producer's tail, as last read
+    // the peer's staging pool, in its segment
+    chunk_control* pool_ctl = nullptr;
+    const std::byte* pool = nullptr;
     plait::detail::slot_header in_header;
     std::optional<error> failure;  // sticky: protocol error or peer lost
     // single copy
@@ -445,6 +516,11 @@ class shm_link_set final : public link_set {
   bool single_copy_ = true;  // this rank reads what peers lend and lends, where they can
   huge_pages huge_;
   bool any_memory_ = false;  // lend_any_memory(): lend from 4 KiB pages too
+  // staging: the last stage() call's handle (chunk + 1; 0: none) and bytes, and where
+  // the next one starts looking
+  std::uint64_t staged_ = 0;
+  std::size_t staged_bytes_ = 0;
+  std::size_t next_chunk_ = 0;
 };
 
 }  // namespace plait::transport::shm_detail

@@ -4,11 +4,15 @@
 //   segment_header   identity, geometry, the rank's doorbell word, its "closed" word
 //   fifo_entry[n]    directory: which peer's receive FIFO sits at which offset
 //   fifo[n]          per peer p: fifo_control (tail, head) + depth slots
+//   pool             chunk_control[depth] + depth chunks of slot_bytes: payloads this
+//                    rank copied once for several peers to read (link_set::stage)
 // A slot is a 64-byte slot_header followed by slot_bytes of payload, its stride
 // rounded up to a cache line so every header and payload starts on one.
 // Peer p writes (producer) into FIFO[p] of this rank's segment; this rank reads it
 // (consumer). So the FIFO a rank reads is in its own memory and a sender writes
 // straight into it: one copy in total, made by the kernel that fills the slot.
+// The pool is the exception: this rank writes a chunk, and every peer it posts the
+// chunk to reads it where it is, so n readers cost one copy in and n out, not n each.
 //
 // Everything here runs at connect time and may throw plait::error (system,
 // mismatch, protocol); the RAII types below release what they hold and never throw.
@@ -38,7 +42,7 @@
 namespace plait::transport::shm_detail {
 
 inline constexpr std::uint64_t segment_magic = 0x316d7374'69616c70;  // "plaitsm1"
-inline constexpr std::uint32_t segment_version = 2;                  // 2: slots by reference (single copy)
+inline constexpr std::uint32_t segment_version = 3;                  // 3: the staging pool
 inline constexpr std::size_t cache_line = 64;
 // Head and tail sit 128 bytes apart: x86 prefetches cache lines in adjacent pairs,
 // so 64 bytes apart the producer's and the consumer's writes would still collide.
@@ -85,6 +89,13 @@ struct alignas(false_sharing_span) fifo_control {
 };
 static_assert(sizeof(fifo_control) == 2 * false_sharing_span);
 
+// One chunk of the pool: how many posted slots still read it. The owner adds one per
+// slot it posts (before publishing it) and reuses the chunk only at zero; a reader
+// takes one off when it releases the slot, after its reads.
+struct alignas(false_sharing_span) chunk_control {
+  std::atomic<std::uint32_t> holds{0};
+};
+
 constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
 
 // Sizes of one segment, identical on every rank for a given link_config.
@@ -98,7 +109,13 @@ struct geometry {
   std::size_t first_fifo_offset(std::size_t fifos) const noexcept {
     return round_up(directory_offset() + fifos * sizeof(fifo_entry), page);
   }
-  std::size_t total_bytes(std::size_t fifos) const noexcept { return first_fifo_offset(fifos) + fifos * fifo_bytes; }
+  // The pool: depth chunks, after the FIFOs (page-aligned: fifo_bytes is pages).
+  std::size_t chunk_stride() const noexcept { return round_up(slot_bytes, cache_line); }
+  std::size_t pool_offset(std::size_t fifos) const noexcept { return first_fifo_offset(fifos) + fifos * fifo_bytes; }
+  std::size_t chunk_offset(std::size_t fifos, std::size_t chunk) const noexcept {
+    return pool_offset(fifos) + round_up(depth * sizeof(chunk_control), page) + chunk * chunk_stride();
+  }
+  std::size_t total_bytes(std::size_t fifos) const noexcept { return round_up(chunk_offset(fifos, depth), page); }
 };
 
 // Checks the configuration (it comes from the user's knobs) and computes the layout.
@@ -124,7 +141,7 @@ inline geometry make_geometry(std::size_t slot_bytes, std::size_t depth, std::si
         "shm: one FIFO of " + std::to_string(depth) + " slots of " + std::to_string(slot_bytes) + " bytes is too large",
         rank);
   g.fifo_bytes = round_up(sizeof(fifo_control) + depth * g.slot_stride, page);
-  if (fifos != 0 && g.fifo_bytes > limit / fifos)
+  if (fifos != 0 && g.fifo_bytes > limit / (fifos + 1))
     throw error(errc::invalid_argument,
                 "shm: " + std::to_string(fifos) + " FIFOs of " + std::to_string(g.fifo_bytes) + " bytes are too large",
                 rank);
@@ -269,8 +286,8 @@ inline mapping create_segment(segment_name& name_out, const std::string& name, c
   if (const int e = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(total)); e != 0)
     throw error(errc::system,
                 "shm: /dev/shm has no room for this rank's " + mebibytes(total) + " (" + std::to_string(peers.size()) +
-                    " peers x " + std::to_string(g.depth) + " slots x " + std::to_string(g.slot_bytes) +
-                    " bytes): " + errno_text(e) +
+                    " peers and a staging pool, each " + std::to_string(g.depth) + " slots x " +
+                    std::to_string(g.slot_bytes) + " bytes): " + errno_text(e) +
                     "; enlarge /dev/shm (docker run --shm-size=..., or mount -o remount,size=... /dev/shm) "
                     "or use smaller slices (PLAIT_SLICE_BYTES, PLAIT_COPY_SLICE_BYTES)",
                 rank);
@@ -293,6 +310,8 @@ inline mapping create_segment(segment_name& name_out, const std::string& name, c
     new (&dir[i]) fifo_entry{peers[i], 0, offset};
     new (map.base() + offset) fifo_control{};
   }
+  for (std::size_t i = 0; i < g.depth; ++i)
+    new (map.base() + g.pool_offset(peers.size()) + i * sizeof(chunk_control)) chunk_control{};
   return map;
 }
 
