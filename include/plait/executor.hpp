@@ -37,6 +37,7 @@
 #include <vector>
 
 #include <plait/detail/doorbell.hpp>
+#include <plait/detail/lend_choice.hpp>
 #include <plait/error.hpp>
 #include <plait/kernel/copy.hpp>
 #include <plait/schedule.hpp>
@@ -69,6 +70,11 @@ struct call {
   // a peer's FIFO only once every earlier call is done with it (per-pair order).
   std::vector<std::uint32_t> sends_left, recvs_left;
   int gave_up_on = -1;  // a peer closed after timing out waiting for this rank: name it at the deadline
+  // An all_gather's choice between lending and slots (lend_choice; rule: lending_pays
+  // alone decides); `timed`: comm_core times the call for lend_choice from `entered`.
+  lend_plan lend = lend_plan::rule;
+  bool timed = false;
+  clock::time_point entered{};
   // Sends whose payload the transport still reads from this call's buffers
   // (link_set::post_from): no step may write over them, and the call is not done,
   // until they have left.
@@ -234,13 +240,14 @@ class executor {
   // per rank), and for broadcast and send/recv only with more ranks than cores. With a
   // core per rank, a plain copy through slots in 1 MiB slices keeps both cores copying
   // and beats the reader's single copy (2 ranks, huge pages: 16M 623 against 1013 us,
-  // 128M 8233 against 10860).
+  // 128M 8233 against 10860). An all_gather that lends from any memory lends only
+  // where its plan (call::lend, comm_core's lend_choice) is not slots.
   bool lending_pays(const call& c) const noexcept {
     const bool gather = c.desc.kind == collective_kind::all_gather;
     if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)
       return false;
     if (lend_always_) return true;
-    if (gather && lends_any_memory(c)) return output_bytes(c) >= lend_gather_from_bytes;
+    if (gather && lends_any_memory(c)) return output_bytes(c) >= lend_gather_from_bytes && c.lend != lend_plan::slots;
     return output_bytes(c) >= lend_from_call_bytes && (gather || oversubscribed_);
   }
 
@@ -266,10 +273,10 @@ class executor {
   // Not where the call lends from any memory in copy slices (gather_in_copy_slices):
   // there a peer's single copy reads this rank's input while it copies its own block,
   // and non-temporal stores made that 1.4x slower (16M in one 8M slice: 2078 against
-  // 1464 us).
+  // 1464 us). Where such a call goes through slots (call::lend), it streams.
   bool streams(const call& c) const noexcept {
     if (c.desc.kind != collective_kind::all_gather || output_bytes(c) < stream_from_) return false;
-    return !(gather_in_copy_slices(output_bytes(c)) && lends_any_memory(c));
+    return !(gather_in_copy_slices(output_bytes(c)) && lends_any_memory(c) && c.lend != lend_plan::slots);
   }
 
   // Runs the kernel of a ready step; `out`, where the step writes the output, is the

@@ -48,3 +48,32 @@ TEST_CASE("over shm broadcast and send/recv go in slices of at least 1 MiB unles
   CHECK(agreed_slices<shm>("2M", "") == v{2 << 20, 2 << 20, 4, 4, 2 << 20, 2 << 20, 4, 4});
   CHECK(agreed_slices<shm>("4K", "64K") == v{4096, 65536, 4, 4, 4096, 65536, 4, 4});
 }
+
+// all_gather with a core per rank times lending against slots for each output size
+// (lend_choice: 2 calls lending, 8 alternating, then the faster plan): every one of
+// those calls, and the ones after, must be exact, each into a fresh output.
+TEST_CASE("2-rank all_gather over shm is exact while it times lending against slots", "[collectives][shm]") {
+  check_cases<shm>(2, [] {
+    case_list<shm> cs;
+    for (std::size_t count : {std::size_t{32768}, std::size_t{131072} + 1}) {
+      auto full = lazily([count] {
+        std::vector<float> f;
+        for (int q = 0; q < 2; ++q) {
+          auto s = exact_pattern<float, plait::sum>(q, count);
+          f.insert(f.end(), s.begin(), s.end());
+        }
+        return to_blob(f);
+      });
+      for (int call = 0; call < 14; ++call)
+        cs.push_back({"all_gather count=" + std::to_string(count) + " call " + std::to_string(call),
+                      [count](plait::communicator<shm>& c) {
+                        const auto shard = exact_pattern<float, plait::sum>(c.rank(), count);
+                        std::vector<float> out(2 * count, -1.0f);
+                        plait::all_gather(c, std::span<const float>(shard), std::span<float>(out));
+                        return to_blob(out);
+                      },
+                      [full](int) { return full(); }, &diff_as<float>});
+    }
+    return cs;
+  });
+}

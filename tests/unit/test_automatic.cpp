@@ -171,3 +171,53 @@ TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice", "[a
     CHECK(slice_of(collective_kind::reduce_scatter, 16 * M) == 4096u);
   }
 }
+
+// lend_choice (comm_core: all_gather with a core per rank): per output size, 2 calls
+// lend untimed, 8 alternate lend / slots timed, then the faster plan stays, slots
+// only when their best call took at most 0.85x lending's best.
+TEST_CASE("lend_choice times both plans per size, then keeps the faster", "[automatic]") {
+  using plait::detail::lend_choice;
+  using plait::detail::lend_plan;
+  using ns = std::chrono::nanoseconds;
+  const auto explore = [](lend_choice& lc, std::size_t bytes, ns lend_took, ns slots_took) {
+    bool timed = true;
+    for (int i = 0; i < lend_choice::warm_calls; ++i) {
+      CHECK(lc.next(bytes, timed) == lend_plan::lend);
+      CHECK_FALSE(timed);
+    }
+    for (int i = 0; i < lend_choice::explore_calls; ++i) {
+      const lend_plan p = lc.next(bytes, timed);
+      CHECK(p == (i % 2 == 0 ? lend_plan::lend : lend_plan::slots));
+      CHECK(timed);
+      CHECK(lc.decided(bytes) == lend_plan::rule);
+      // The first of each plan slower (cold): the best counts, not the first.
+      const ns took = p == lend_plan::slots ? slots_took : lend_took;
+      lc.record(bytes, p, i < 2 ? took * 3 : took);
+    }
+    const lend_plan kept = lc.next(bytes, timed);
+    CHECK_FALSE(timed);
+    CHECK(lc.decided(bytes) == kept);
+    for (int i = 0; i < 5; ++i) CHECK(lc.next(bytes, timed) == kept);
+    return kept;
+  };
+  lend_choice lc;
+  CHECK(explore(lc, 1 << 20, ns(57000), ns(40000)) == lend_plan::slots);
+  CHECK(explore(lc, 1 << 18, ns(13700), ns(14500)) == lend_plan::lend);
+  CHECK(explore(lc, 1 << 22, ns(100000), ns(86000)) == lend_plan::lend);  // 0.86x: a near tie stays on the rule
+  CHECK(explore(lc, 3 << 20, ns(100000), ns(84000)) == lend_plan::slots);
+  // Each size keeps its own plan.
+  bool timed = true;
+  CHECK(lc.next(1 << 20, timed) == lend_plan::slots);
+  CHECK(lc.next(1 << 18, timed) == lend_plan::lend);
+  CHECK_FALSE(timed);
+  // A size that takes another's place in the table starts over, and so does the other.
+  std::size_t other = (1 << 20) + 4;
+  bool evicted = false;
+  for (int k = 0; k < 10000 && !evicted; ++k, other += 4) {
+    lc.next(other, timed);
+    evicted = lc.decided(1 << 20) == lend_plan::rule;
+  }
+  REQUIRE(evicted);
+  CHECK(lc.next(1 << 20, timed) == lend_plan::lend);
+  CHECK_FALSE(timed);
+}

@@ -348,7 +348,12 @@ class comm_core {
 
   // The call enters the engine: its deadline starts now. Holds engine_mutex_.
   void take_in(const std::shared_ptr<flight>& f, clock::time_point now) {
-    f->c->deadline = now + f->c->timeout;
+    call& c = *f->c;
+    c.deadline = now + c.timeout;
+    if (times_lending(c)) {
+      c.lend = lend_choice_.next(gather_bytes(c), c.timed);
+      c.entered = now;
+    }
     active_.push_back(f);
   }
 
@@ -477,12 +482,30 @@ class comm_core {
       return;
     }
     while (!active_.empty() && active_.front()->c->done()) {
+      if (const call& c = *active_.front()->c; c.timed)
+        lend_choice_.record(gather_bytes(c), c.lend, clock::now() - c.entered);
       finish(*active_.front(), nullptr);
       retire(*active_.front());
       std::shared_ptr<flight> done = std::move(active_.front());
       active_.pop_front();
       recycle_flight(std::move(done));  // an async one; run() keeps the blocking one
     }
+  }
+
+  // An all_gather whose sends may lend from any memory (a core per rank, shm's single
+  // copy on, PLAIT_SINGLE_COPY not `always`), from executor::lend_gather_from_bytes
+  // below the copy slices' range (executor::gather_in_copy_slices, tuned for lending
+  // on its own): lend_choice picks lending or slots for its size (docs/performance.md,
+  // "all_gather lends or not, by timing both").
+  bool times_lending(const call& c) const noexcept {
+    if (c.desc.kind != collective_kind::all_gather || oversubscribed_ || links_ == nullptr || size_ < 2 ||
+        !cfg_.single_copy || cfg_.lend_always || !cfg_.shares_copies || cfg_.network)
+      return false;
+    const std::size_t bytes = gather_bytes(c);
+    return bytes >= executor::lend_gather_from_bytes && bytes < executor::lend_from_call_bytes;
+  }
+  std::size_t gather_bytes(const call& c) const noexcept {
+    return static_cast<std::size_t>(c.desc.count) * c.elem_size * static_cast<std::size_t>(size_);
   }
 
   executor make_executor() {
@@ -571,6 +594,7 @@ class comm_core {
   int rank_, size_;
   comm_config cfg_;
   bool oversubscribed_ = false;  // more ranks than cores on this host (likely)
+  lend_choice lend_choice_;      // all_gather: lend or slots, per output size (times_lending)
   doorbell bell_;
   std::unique_ptr<link_set> links_;
   std::unique_ptr<bootstrap_context> ctx_;
