@@ -172,27 +172,23 @@ TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice", "[a
   }
 }
 
-// lend_choice (comm_core: all_gather with a core per rank): per output size, 2 calls
-// lend untimed, 8 alternate lend / slots timed, then the faster plan stays, slots
-// only when their best call took at most 0.85x lending's best.
+// lend_choice (comm_core: all_gather with a core per rank): per output size, 3 calls
+// lend and 3 go through slots, all but the first of each block timed; then the
+// faster plan stays, slots only when their best call took at most 0.85x lending's.
 TEST_CASE("lend_choice times both plans per size, then keeps the faster", "[automatic]") {
   using plait::detail::lend_choice;
   using plait::detail::lend_plan;
   using ns = std::chrono::nanoseconds;
   const auto explore = [](lend_choice& lc, std::size_t bytes, ns lend_took, ns slots_took) {
-    bool timed = true;
-    for (int i = 0; i < lend_choice::warm_calls; ++i) {
-      CHECK(lc.next(bytes, timed) == lend_plan::lend);
-      CHECK_FALSE(timed);
-    }
+    bool timed = false;
     for (int i = 0; i < lend_choice::explore_calls; ++i) {
       const lend_plan p = lc.next(bytes, timed);
-      CHECK(p == (i % 2 == 0 ? lend_plan::lend : lend_plan::slots));
-      CHECK(timed);
+      CHECK(p == (i < lend_choice::block ? lend_plan::lend : lend_plan::slots));
+      CHECK(timed == (i % lend_choice::block != 0));
       CHECK(lc.decided(bytes) == lend_plan::rule);
-      // The first of each plan slower (cold): the best counts, not the first.
+      // A block's first call is slower and not timed; of the timed ones the best counts.
       const ns took = p == lend_plan::slots ? slots_took : lend_took;
-      lc.record(bytes, p, i < 2 ? took * 3 : took);
+      if (timed) lc.record(bytes, p, i % lend_choice::block == 1 ? took * 2 : took);
     }
     const lend_plan kept = lc.next(bytes, timed);
     CHECK_FALSE(timed);

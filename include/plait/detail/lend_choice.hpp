@@ -7,11 +7,11 @@
 // 2 ranks, shm, 1 MiB of output, lending took 71 us against the slots' 109 on one
 // host type (480 MiB L3) and 57 against 40 on another (32 MiB L3), where the kernel's
 // copy runs at about 10 GB/s and a slot crosses between the cores' caches quickly
-// (docs/performance.md, "all_gather lends or not, by timing both"). So after
-// `warm_calls` calls of an output size (which lend, untimed), the next
-// `explore_calls` alternate (lend, slots, lend, ...), each timed from entering the
-// engine to completion, and the size then keeps the plan whose fastest call was
-// faster. Slots must win by `margin` (lending is the rule without timing).
+// (docs/performance.md, "all_gather lends or not, by timing both"). So the first
+// `block` calls of an output size lend and the next `block` go through slots, each
+// but the first of a block timed from entering the engine to completion, and the
+// size then keeps the plan whose fastest call was faster. Slots must win by
+// `margin` (lending is the rule without timing).
 // Every rank times its own calls and decides for its own sends only: a receiver
 // takes a lent slot and a plain one alike, so ranks that decide differently still
 // agree on the schedule, but such a mix is slower than either plan (one rank's
@@ -19,6 +19,8 @@
 // keeps near ties, where two ranks' timings could fall on either side, on the rule.
 // Exploring calls are matched across ranks (the n-th call of a size is the same
 // call everywhere), so every rank times the same plan at the same call.
+//
+// PLAIT_DEBUG=info logs each size's choice with the best times.
 //
 // The table is fixed in size (no allocation on the hot path): a size that maps to
 // a slot held by another starts over there. Thread-safety: used under the engine lock.
@@ -29,17 +31,20 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <plait/detail/env.hpp>
+
 namespace plait::detail {
 
 enum class lend_plan : std::uint8_t { rule, lend, slots };
 
 class lend_choice {
  public:
-  // The first calls of a size are cold (fresh pages, first reads of the peer's
-  // memory) and not timed; then each plan in turn.
-  static constexpr int warm_calls = 2;
-  static constexpr int explore_calls = 8;  // 4 of each plan
-  static constexpr double margin = 0.85;   // slots kept when their best <= margin x lending's best
+  // The calls of a size that choose: each plan in a block of `block` calls, the
+  // first of which is not timed (the first call of a size touches fresh pages, and a
+  // plan's first call after the other's finds the caches set for the other).
+  static constexpr int block = 3;
+  static constexpr int explore_calls = 2 * block;
+  static constexpr double margin = 0.85;  // slots kept when their best <= margin x lending's best
   static constexpr std::size_t table_size = 16;
 
   // The plan for the next call of this output size, counted as issued; `timed` is set
@@ -48,17 +53,18 @@ class lend_choice {
   // calls overlap.
   lend_plan next(std::size_t output_bytes, bool& timed) noexcept {
     entry& e = at(output_bytes);
-    const int n = e.issued < warm_calls + explore_calls ? e.issued++ : e.issued;
-    timed = n >= warm_calls && n < warm_calls + explore_calls;
-    if (n < warm_calls) return lend_plan::lend;
-    if (!timed) {
-      if (e.decided == lend_plan::rule)
-        e.decided = static_cast<double>(e.best_slots.count()) <= margin * static_cast<double>(e.best_lend.count())
-                        ? lend_plan::slots
-                        : lend_plan::lend;
-      return e.decided;
+    const int n = e.issued < explore_calls ? e.issued++ : e.issued;
+    timed = n < explore_calls && n % block != 0;
+    if (n < explore_calls) return n < block ? lend_plan::lend : lend_plan::slots;
+    if (e.decided == lend_plan::rule) {
+      e.decided = static_cast<double>(e.best_slots.count()) <= margin * static_cast<double>(e.best_lend.count())
+                      ? lend_plan::slots
+                      : lend_plan::lend;
+      log(log_level::info, "all_gather of ", output_bytes, " B: ", e.decided == lend_plan::slots ? "slots" : "lends",
+          " (best call lending ", e.best_lend.count() / 1000.0, " us, through slots ", e.best_slots.count() / 1000.0,
+          " us)");
     }
-    return (n - warm_calls) % 2 == 0 ? lend_plan::lend : lend_plan::slots;
+    return e.decided;
   }
 
   // The time of a call that next() said was timed, under the plan it gave.
