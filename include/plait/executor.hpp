@@ -71,10 +71,10 @@ struct call {
   std::vector<std::uint32_t> sends_left, recvs_left;
   int gave_up_on = -1;  // a peer closed after timing out waiting for this rank: name it at the deadline
   // An all_gather's choice between lending and slots (lend_choice; rule: lending_pays
-  // alone decides); `timed`: comm_core times the call for lend_choice from `entered`.
+  // alone decides); `timed`: comm_core times the call for lend_choice from when it
+  // entered the engine (deadline - timeout).
   lend_plan lend = lend_plan::rule;
   bool timed = false;
-  clock::time_point entered{};
   // Sends whose payload the transport still reads from this call's buffers
   // (link_set::post_from): no step may write over them, and the call is not done,
   // until they have left.

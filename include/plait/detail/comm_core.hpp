@@ -350,10 +350,7 @@ class comm_core {
   void take_in(const std::shared_ptr<flight>& f, clock::time_point now) {
     call& c = *f->c;
     c.deadline = now + c.timeout;
-    if (times_lending(c)) {
-      c.lend = lend_choice_.next(gather_bytes(c), c.timed);
-      c.entered = now;
-    }
+    if (times_lending(c)) c.lend = lend_choice_.next(gather_bytes(c), c.timed);
     active_.push_back(f);
   }
 
@@ -483,7 +480,7 @@ class comm_core {
     }
     while (!active_.empty() && active_.front()->c->done()) {
       if (const call& c = *active_.front()->c; c.timed)
-        lend_choice_.record(gather_bytes(c), c.lend, clock::now() - c.entered);
+        lend_choice_.record(gather_bytes(c), c.lend, clock::now() - (c.deadline - c.timeout));
       finish(*active_.front(), nullptr);
       retire(*active_.front());
       std::shared_ptr<flight> done = std::move(active_.front());
