@@ -279,12 +279,40 @@ class executor {
     return !(gather_in_copy_slices(output_bytes(c)) && lends_any_memory(c) && c.lend != lend_plan::slots);
   }
 
+  // Whether a plain copy of `bytes` into slots goes past the cache, where the transport
+  // says its peers read such slots faster from memory (link_set::streams_slots):
+  // for broadcast, and all_gather from gather_streams_slots_from, with a core per rank
+  // (a peer on this very core would read them from memory). Measured against plain
+  // stores, 2 ranks on shm (docs/performance.md, "Slots of 16 to 256 KiB written past
+  // the cache"): broadcast 16K 2.5 -> 1.7 us, 64K 8.1 -> 5.4, 128K 14.1 -> 10.3;
+  // all_gather 128K 13.6 -> 7.8, level at 64K and behind at 32K (3.0 -> 3.3, 16K
+  // slots); all_reduce and reduce_scatter behind (all_reduce 128K 16.4 -> 21.6), so
+  // not there: there each rank writes its slot and reads the other's at once, and
+  // no sender runs ahead of its reader.
+  bool streams_slots(const call& c, std::size_t bytes) const noexcept {
+    if (oversubscribed_) return false;
+    return c.desc.kind == collective_kind::broadcast ||
+           (c.desc.kind == collective_kind::all_gather && bytes >= gather_streams_slots_from);
+  }
+  static constexpr std::size_t gather_streams_slots_from = 64 * 1024;
+
   // Runs the kernel of a ready step; `out`, where the step writes the output, is the
   // last of `dsts`. A step that only copies one source writes the output of a call
   // that streams() with non-temporal stores, and its slots through the kernel with
-  // plain ones (the peer reads them soon, from cache).
+  // plain ones (the peer reads them soon, from cache), except the first `streamed`
+  // of `dsts`: slots try_step found better written past the cache.
   void run_kernel(call& c, const step& s, const void* const* srcs, int ns, void* const* dsts, int nd,
-                  const std::byte* out) {
+                  const std::byte* out, int streamed) {
+    if (streamed > 0 && ns == 1 && !s.finalize) {
+      const std::size_t bytes = s.count * c.elem_size;
+      for (int i = 0; i < streamed; ++i) kernel::copy_bytes_streaming(dsts[i], srcs[0], bytes);
+      if (out == nullptr || out == srcs[0]) return;
+      if (streams(c))
+        kernel::copy_bytes_streaming(dsts[nd - 1], srcs[0], bytes);
+      else
+        c.kernel(c.op, srcs, ns, dsts + streamed, nd - streamed, s.count, 0);
+      return;
+    }
     if (ns == 1 && !s.finalize && out != nullptr && out != srcs[0] && streams(c)) {
       if (nd > 1) c.kernel(c.op, srcs, ns, dsts, nd - 1, s.count, 0);
       kernel::copy_bytes_streaming(dsts[nd - 1], srcs[0], s.count * c.elem_size);
@@ -431,8 +459,17 @@ class executor {
       shared_ = {};
       if (staged != 0) shared_ = {&c, c.desc.sequence, c.desc.kind, c.next, local, bytes, staged};
     }
-    if (from == nullptr && staged == 0)
+    // Slots this step's kernel fills; a plain copy fills them with non-temporal stores
+    // where it pays (streams_slots below).
+    int streamed = 0;
+    if (from == nullptr && staged == 0) {
       for (int i = 0; i < nslots; ++i) dsts[nd++] = slots[i];
+      if (nslots > 0 && streams_slots(c, bytes) && !s.finalize && nr + (local != nullptr ? 1 : 0) == 1) {
+        streamed = nslots;
+        for (int p : s.send_peer)
+          if (p >= 0 && !links_->streams_slots(p, bytes)) streamed = 0;
+      }
+    }
     // A send from the local source goes before the kernel runs (it does not write
     // those bytes): a peer that copies them from this rank's memory does so while this
     // rank copies its own block (docs/performance.md, "The own block's send goes
@@ -452,7 +489,7 @@ class executor {
       }
       if (local != nullptr) srcs[ns++] = local;
       if (out != nullptr) dsts[nd++] = out;
-      if (s.count > 0 && ns > 0 && nd > 0) run_kernel(c, s, srcs, ns, dsts, nd, out);
+      if (s.count > 0 && ns > 0 && nd > 0) run_kernel(c, s, srcs, ns, dsts, nd, out, streamed);
     }
     if (!send_first) post_sends(c, s, bytes, from, lend, 0);
     for (int p : s.recv_peer)

@@ -173,6 +173,16 @@ class link_set {
   // until it says otherwise. The default transport never lends: nothing to do.
   virtual void lend_any_memory(bool on) { (void)on; }
 
+  // Whether a slot of `bytes` to `peer` is better filled with non-temporal stores
+  // (kernel::copy_bytes_streaming): the peer's core then reads the slot from memory
+  // rather than from this core's cache, which on some hosts is the faster of the two.
+  // The default: no (a transport whose slots this process reads itself, tcp).
+  virtual bool streams_slots(int peer, std::size_t bytes) const {
+    (void)peer;
+    (void)bytes;
+    return false;
+  }
+
   // One payload for several peers, copied once (optional; the defaults say no).
   // Where shares_copies(peer) holds, stage() copies `bytes` at `payload` into memory
   // that every such peer reads (shm: a pool in this rank's segment) and returns a

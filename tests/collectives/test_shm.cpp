@@ -49,6 +49,18 @@ TEST_CASE("over shm broadcast and send/recv go in slices of at least 1 MiB unles
   CHECK(agreed_slices<shm>("4K", "64K") == v{4096, 65536, 4, 4, 4096, 65536, 4, 4});
 }
 
+// What a 2-rank float all_gather of `count` per rank gives, made when first asked for.
+auto gathered(std::size_t count) {
+  return lazily([count] {
+    std::vector<float> f;
+    for (int q = 0; q < 2; ++q) {
+      auto s = exact_pattern<float, plait::sum>(q, count);
+      f.insert(f.end(), s.begin(), s.end());
+    }
+    return to_blob(f);
+  });
+}
+
 // all_gather with a core per rank times lending against slots for each output size
 // (lend_choice: 3 calls lending, 3 through slots, then the faster plan): every one
 // of those calls, and the ones after, must be exact, each into a fresh output.
@@ -56,14 +68,7 @@ TEST_CASE("2-rank all_gather over shm is exact while it times lending against sl
   check_cases<shm>(2, [] {
     case_list<shm> cs;
     for (std::size_t count : {std::size_t{32768}, std::size_t{131072} + 1}) {
-      auto full = lazily([count] {
-        std::vector<float> f;
-        for (int q = 0; q < 2; ++q) {
-          auto s = exact_pattern<float, plait::sum>(q, count);
-          f.insert(f.end(), s.begin(), s.end());
-        }
-        return to_blob(f);
-      });
+      auto full = gathered(count);
       for (int call = 0; call < 10; ++call)
         cs.push_back({"all_gather count=" + std::to_string(count) + " call " + std::to_string(call),
                       [count](plait::communicator<shm>& c) {
@@ -76,4 +81,51 @@ TEST_CASE("2-rank all_gather over shm is exact while it times lending against sl
     }
     return cs;
   });
+}
+
+// With a core per rank, broadcast (16 KiB to 256 KiB per slot) and all_gather (64 KiB
+// to 256 KiB) fill their slots with non-temporal stores (executor::streams_slots):
+// every size in and at the edges of that range, with odd tails and with buffers 4
+// bytes off their allocation's alignment, must be exact.
+TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are written past the cache",
+          "[collectives][shm]") {
+  rank_options defaults;  // the default slices (256 KiB; broadcast 1 MiB): slots in that range
+  defaults.slice_bytes = "256K";
+  defaults.copy_slice_bytes = "";
+  check_cases<shm>(
+      2,
+      [] {
+        case_list<shm> cs;
+        for (std::size_t count :
+             {std::size_t{4095}, std::size_t{4099}, std::size_t{16387}, std::size_t{65535}, std::size_t{65536}})
+          add_others<shm, float, plait::sum>(cs, 2, count);
+        for (std::size_t count : {std::size_t{16387}, std::size_t{40001}}) {
+          cs.push_back({"broadcast off alignment count=" + std::to_string(count),
+                        [count](plait::communicator<shm>& c) {
+                          std::vector<float> buf(count + 1, -1.0f);
+                          if (c.rank() == 0) {
+                            const auto p = exact_pattern<float, plait::sum>(0, count);
+                            std::copy(p.begin(), p.end(), buf.begin() + 1);
+                          }
+                          plait::broadcast(c, std::span<float>(buf.data() + 1, count), 0);
+                          return to_blob(std::vector<float>(buf.begin() + 1, buf.end()));
+                        },
+                        [count](int) { return to_blob(exact_pattern<float, plait::sum>(0, count)); }, &diff_as<float>});
+          auto full = gathered(count);
+          // 8 calls: the first 3 lend, the next 3 go through slots (lend_choice), then the faster.
+          for (int call = 0; call < 8; ++call)
+            cs.push_back({"all_gather off alignment count=" + std::to_string(count) + " call " + std::to_string(call),
+                          [count](plait::communicator<shm>& c) {
+                            const auto s = exact_pattern<float, plait::sum>(c.rank(), count);
+                            std::vector<float> shard(count + 1), out(2 * count + 1, -1.0f);
+                            std::copy(s.begin(), s.end(), shard.begin() + 1);
+                            plait::all_gather(c, std::span<const float>(shard.data() + 1, count),
+                                              std::span<float>(out.data() + 1, 2 * count));
+                            return to_blob(std::vector<float>(out.begin() + 1, out.end()));
+                          },
+                          [full](int) { return full(); }, &diff_as<float>});
+        }
+        return cs;
+      },
+      defaults);
 }

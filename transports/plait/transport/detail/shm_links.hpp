@@ -166,6 +166,20 @@ class shm_link_set final : public link_set {
   bool sends_by_reference(int peer) const override { return sends_from_memory(peer); }
   void lend_any_memory(bool on) override { any_memory_ = on; }
 
+  // A slot the peer's core reads soon after this one wrote it crosses between the
+  // two cores' caches line by line; from 16 KiB up to 256 KiB that costs more than
+  // the peer reading it from memory. Measured (docs/performance.md, "Slots of 16 to
+  // 256 KiB written past the cache"): a writer and a reader on two cores, a ring of
+  // 4 slots, the reader's time per slot with plain stores against non-temporal ones:
+  // 16K 1.9 / 1.4 us, 64K 9.2 / 4.4, 128K 14.2 / 8.9, 256K 17.2 / 17.3, 512K
+  // 13.5 / 34.1; 4K 0.2 / 0.6.
+  static constexpr std::size_t stream_slots_from = 16 * 1024;
+  static constexpr std::size_t stream_slots_below = 256 * 1024;
+  bool streams_slots(int peer, std::size_t bytes) const override {
+    (void)link_for(peer, "streams_slots");
+    return bytes >= stream_slots_from && bytes < stream_slots_below;
+  }
+
   bool shares_copies(int peer) const override {
     (void)link_for(peer, "shares_copies");
     return true;
