@@ -171,8 +171,8 @@ class shm_link_set final : public link_set {
   // the peer reading it from memory. Measured (docs/performance.md, "Slots of 16 to
   // 256 KiB written past the cache"): a writer and a reader on two cores, a ring of
   // 4 slots, the reader's time per slot with plain stores against non-temporal ones:
-  // 16K 1.9 / 1.4 us, 64K 9.2 / 4.4, 128K 14.2 / 8.9, 256K 17.2 / 17.3, 512K
-  // 13.5 / 34.1; 4K 0.2 / 0.6.
+  // 16K 1.9 / 1.5 us, 64K 9.2 / 4.4, 128K 14.3 / 8.9, 256K 17.2 / 19.6, 512K
+  // 13.5 / 34.1; 4K 0.2 / 0.6 (host-probe part 4).
   static constexpr std::size_t stream_slots_from = 16 * 1024;
   static constexpr std::size_t stream_slots_below = 256 * 1024;
   bool streams_slots(int peer, std::size_t bytes) const override {
