@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <thread>
@@ -422,6 +423,90 @@ TEST_CASE("tcp a waiter that has polled its time sleeps on the socket, keeps the
   SECTION("with nothing to wake it, it sleeps its bound") {
     p.bell.wait(seen, 100ms, plait::io_waiter{p.links.get()});
     CHECK(plait::clock::now() - start >= 100ms);
+  }
+}
+
+namespace {
+
+// Rank 0 in a call: polls (progress(), holding the I/O) until rank 1's next slot is
+// here, checks it and releases it.
+void take_slot(raw_peer& t, std::uint64_t index, std::uint32_t bytes) {
+  const auto until = plait::clock::now() + 2s;
+  slot_view v;
+  while ((v = t.links->peek(1)).header == nullptr && plait::clock::now() < until) {
+    t.links->progress();
+    std::this_thread::sleep_for(100us);
+  }
+  REQUIRE(v.header != nullptr);
+  REQUIRE(v.header->desc.sequence == index);
+  REQUIRE(v.header->bytes == bytes);
+  t.links->release(1);
+}
+
+}  // namespace
+
+TEST_CASE("tcp a rank leaving an exchange keeps a small credit for its next frame; otherwise credits go at once",
+          "[tcp][frames]") {
+  constexpr std::size_t big = 32 * 1024;  // past the credits that may wait (16 KiB)
+  raw_peer t(false, plait::link_config{big, 4, 300ms});
+  REQUIRE_FALSE(t.links->progress());  // the waiter holds the I/O, as an executor's first look does
+  // An exchange: rank 0 posts a small slot (it goes at once) and takes rank 1's of `sizes`.
+  auto exchange = [&t](std::initializer_list<std::uint32_t> sizes = {24}) {
+    post_slot(t, 0, 40);
+    REQUIRE(receive_slot(t, 40) == 0);
+    std::uint64_t i = 0;
+    for (const std::uint32_t n : sizes) t.send_slot(n, i++);
+    i = 0;
+    for (const std::uint32_t n : sizes) take_slot(t, i++, n);
+  };
+
+  SECTION("after an exchange of small slots the credit waits, and goes just before the next slot") {
+    post_slot(t, 0, 40);  // the waiter posts: it leaves at once
+    REQUIRE(receive_slot(t, 40) == 0);
+    t.send_slot(24, 0);
+    take_slot(t, 0, 24);
+    t.links->release_io(true);   // leaves the call
+    CHECK(t.silent_for(100ms));  // no lone credit frame
+    post_slot(t, 1, 40);         // the next call's frame brings it
+    const auto c = t.receive<control_frame>();
+    CHECK(c.magic == plait::transport::tcp_detail::control_magic);
+    CHECK(c.type == control_type::credit);
+    CHECK(c.value == 1);
+    REQUIRE(receive_slot(t, 40) == 1);
+    REQUIRE_NOTHROW(t.links->health(1));
+  }
+
+  SECTION("a waiting credit goes at the next call's first pump when that call sends nothing first") {
+    exchange();
+    t.links->release_io(true);
+    CHECK(t.silent_for(100ms));
+    t.links->progress();
+    CHECK(t.receive<control_frame>().value == 1);
+  }
+
+  SECTION("a rank that only received returns its credit as it leaves") {
+    t.send_slot(24, 0);
+    take_slot(t, 0, 24);
+    t.links->release_io(true);
+    CHECK(t.receive<control_frame>().value == 1);
+  }
+
+  SECTION("half the slots owed: the credits go as it leaves") {
+    exchange({24, 24});
+    t.links->release_io(true);
+    CHECK(t.receive<control_frame>().value == 2);
+  }
+
+  SECTION("a large slot owed: its credit goes as it leaves") {
+    exchange({static_cast<std::uint32_t>(big)});
+    t.links->release_io(true);
+    CHECK(t.receive<control_frame>().value == 1);
+  }
+
+  SECTION("inside a call, a credit goes at the next pump") {
+    exchange();
+    t.links->progress();
+    CHECK(t.receive<control_frame>().value == 1);
   }
 }
 

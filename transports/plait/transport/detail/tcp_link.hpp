@@ -8,7 +8,9 @@
 //     under the link set's I/O mutex; it publishes with arrived_/sent_. Each counter has
 //     one writer side (single-producer/single-consumer).
 // Flow control is by credits: the sender starts with `depth` and spends one per data
-// frame; the receiver returns one per release(). So a data frame always finds a free
+// frame; the receiver returns one per release(), at its next pump, or (a few credits
+// for small frames, owed by a rank leaving an exchange: credits_may_wait) with its
+// next frame to that peer or its next call's first pump. So a data frame always finds a free
 // receive slot, the I/O side can always drain the socket, and control frames
 // (credits, closing) are never stuck behind data the executor has not consumed.
 // A send window may also cap the payload bytes of the frames not yet credited back
@@ -210,10 +212,107 @@ class tcp_link {
   }
 
   // Writes control frames and posted slots the credits allow; true when a send slot freed.
-  bool pump_tx() {
+  // `lazy` (a rank leaving a call): credits that may wait (credits_may_wait) stay
+  // owed, to go with this rank's next frame to the peer or its next pump.
+  bool pump_tx(bool lazy = false) {
+    if (lazy) exchanged_ = sent_local_ != sent_at_leave_;
+    const bool news = pump_tx_pass(lazy);
+    if (lazy) sent_at_leave_ = sent_local_;
+    return news;
+  }
+
+  void on_writable() noexcept { want_writable_ = false; }
+
+  // Anything pump_tx() could do right now (the sleep check; seq_cst pairs with post/release).
+  bool tx_ready() const noexcept {
+    if (tx_done_ || want_writable_) return false;
+    if (ctl_off_ < ctl_len_ || frame_off_ > 0) return true;
+    if (closing_)
+      return !closing_sent_ || sent_local_ == posted_limit_ || (sent_local_ < posted_limit_ && next_may_start());
+    if (released_.load(std::memory_order_seq_cst) != credited_) return true;
+    return posted_.load(std::memory_order_seq_cst) != sent_local_ && next_may_start();
+  }
+
+  // Anything this rank still owes the peer, whether or not it can go now: a frame or
+  // control bytes half written, a posted slot not sent, credits not returned (unless
+  // `lazy` and they may wait).
+  bool tx_pending(bool lazy = false) const noexcept {
+    if (tx_done_) return false;
+    if (ctl_off_ < ctl_len_ || frame_off_ > 0 || closing_) return true;
+    if (posted_.load(std::memory_order_seq_cst) != sent_local_) return true;
+    const std::uint64_t released = released_.load(std::memory_order_seq_cst);
+    return released != credited_ && !(lazy && credits_may_wait(released));
+  }
+
+  // Whether the credits for the frames released up to `released` may wait for this
+  // rank's next frame to the peer (one sendmsg instead of two, and one wake-up of the
+  // peer fewer) or its next call: this rank sent the peer frames since it last left a
+  // call (an exchange, likely again next call; a rank that only receives, as in a
+  // broadcast, returns its credits at once), fewer than half the slots are owed, and
+  // those held small frames (the peer can still start more than half its FIFO, and
+  // its send window hardly shrinks). A small exchange between two ranks otherwise
+  // sends a lone credit frame as it leaves, then its next frame.
+  bool credits_may_wait(std::uint64_t released) const noexcept {
+    if (!exchanged_) return false;
+    const std::uint64_t owed = released - credited_;
+    if (2 * owed >= depth_) return false;
+    std::size_t bytes = 0;
+    for (std::uint64_t i = credited_; i < released; ++i) bytes += recv_.header(i)->bytes;
+    return bytes <= lazy_credit_bytes;
+  }
+  static constexpr std::size_t lazy_credit_bytes = 16 * 1024;
+
+  // Copies the payloads still to be sent from the caller's memory into their slots
+  // (a partly written frame continues from the slot, where the same bytes now are);
+  // on the receive side, drops every expectation and moves what landed in the
+  // caller's memory into its slot (a frame half read goes on into its slot). Called
+  // by the executor's thread with the I/O side held (the link set's I/O mutex).
+  void detach() noexcept {
+    const std::uint64_t posted = posted_.load(std::memory_order_acquire);
+    for (std::uint64_t i = sent_local_; i < posted; ++i) {
+      const std::byte*& ext = external_[i % depth_];
+      if (ext == nullptr) continue;
+      std::memcpy(send_.payload(i), ext, send_.header(i)->bytes);
+      ext = nullptr;
+    }
+    for (std::size_t i = 0; i < depth_; ++i) landings_[i].index.store(0, std::memory_order_relaxed);
+    for (std::uint64_t i = released_local_; i < arrived_local_; ++i) to_slot(i, recv_.header(i)->bytes);
+    if (reader_.payload_left() > 0) {
+      const std::size_t done = recv_.header(arrived_local_)->bytes - reader_.payload_left();
+      if (to_slot(arrived_local_, done)) reader_.redirect(recv_.payload(arrived_local_) + done);
+    }
+  }
+
+  short poll_events() const noexcept {
+    short ev = 0;
+    if (!rx_done_) ev |= POLLIN;
+    if (!tx_done_ && want_writable_) ev |= POLLOUT;
+    return ev;
+  }
+
+  // After begin_close(): everything this rank posted left and was acknowledged by the
+  // peer's kernel (so closing the socket cannot reset it away), or the peer no longer
+  // reads (it closed too, or the link failed), so nothing more is worth waiting for.
+  bool settled() const noexcept {
+    if (state() != link_state::ok) return true;
+    if (!tx_done_) return false;
+    int unacked = 0;
+    if (::ioctl(fd_.get(), SIOCOUTQ, &unacked) != 0) return true;
+    return unacked == 0;
+  }
+
+  // Stops everything at once (destruction): no more reads or writes.
+  void shut_down() noexcept {
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    rx_done_ = tx_done_ = true;
+  }
+
+ private:
+  // pump_tx()'s writes, in one pass.
+  bool pump_tx_pass(bool lazy) {
     bool news = false;
     while (!tx_done_ && !want_writable_) {
-      stage_control();
+      stage_control(lazy);
       iovec iov[max_iov];
       int n = 0;
       std::size_t total = 0;
@@ -269,73 +368,6 @@ class tcp_link {
     return news;
   }
 
-  void on_writable() noexcept { want_writable_ = false; }
-
-  // Anything pump_tx() could do right now (the sleep check; seq_cst pairs with post/release).
-  bool tx_ready() const noexcept {
-    if (tx_done_ || want_writable_) return false;
-    if (ctl_off_ < ctl_len_ || frame_off_ > 0) return true;
-    if (closing_)
-      return !closing_sent_ || sent_local_ == posted_limit_ || (sent_local_ < posted_limit_ && next_may_start());
-    if (released_.load(std::memory_order_seq_cst) != credited_) return true;
-    return posted_.load(std::memory_order_seq_cst) != sent_local_ && next_may_start();
-  }
-
-  // Anything this rank still owes the peer, whether or not it can go now: a frame or
-  // control bytes half written, a posted slot not sent, credits not returned.
-  bool tx_pending() const noexcept {
-    if (tx_done_) return false;
-    if (ctl_off_ < ctl_len_ || frame_off_ > 0 || closing_) return true;
-    return released_.load(std::memory_order_seq_cst) != credited_ ||
-           posted_.load(std::memory_order_seq_cst) != sent_local_;
-  }
-
-  // Copies the payloads still to be sent from the caller's memory into their slots
-  // (a partly written frame continues from the slot, where the same bytes now are);
-  // on the receive side, drops every expectation and moves what landed in the
-  // caller's memory into its slot (a frame half read goes on into its slot). Called
-  // by the executor's thread with the I/O side held (the link set's I/O mutex).
-  void detach() noexcept {
-    const std::uint64_t posted = posted_.load(std::memory_order_acquire);
-    for (std::uint64_t i = sent_local_; i < posted; ++i) {
-      const std::byte*& ext = external_[i % depth_];
-      if (ext == nullptr) continue;
-      std::memcpy(send_.payload(i), ext, send_.header(i)->bytes);
-      ext = nullptr;
-    }
-    for (std::size_t i = 0; i < depth_; ++i) landings_[i].index.store(0, std::memory_order_relaxed);
-    for (std::uint64_t i = released_local_; i < arrived_local_; ++i) to_slot(i, recv_.header(i)->bytes);
-    if (reader_.payload_left() > 0) {
-      const std::size_t done = recv_.header(arrived_local_)->bytes - reader_.payload_left();
-      if (to_slot(arrived_local_, done)) reader_.redirect(recv_.payload(arrived_local_) + done);
-    }
-  }
-
-  short poll_events() const noexcept {
-    short ev = 0;
-    if (!rx_done_) ev |= POLLIN;
-    if (!tx_done_ && want_writable_) ev |= POLLOUT;
-    return ev;
-  }
-
-  // After begin_close(): everything this rank posted left and was acknowledged by the
-  // peer's kernel (so closing the socket cannot reset it away), or the peer no longer
-  // reads (it closed too, or the link failed), so nothing more is worth waiting for.
-  bool settled() const noexcept {
-    if (state() != link_state::ok) return true;
-    if (!tx_done_) return false;
-    int unacked = 0;
-    if (::ioctl(fd_.get(), SIOCOUTQ, &unacked) != 0) return true;
-    return unacked == 0;
-  }
-
-  // Stops everything at once (destruction): no more reads or writes.
-  void shut_down() noexcept {
-    ::shutdown(fd_.get(), SHUT_RDWR);
-    rx_done_ = tx_done_ = true;
-  }
-
- private:
   // Records the link's failure; the first loss or protocol error wins.
   void fail(errc code, std::string why) {
     {
@@ -491,7 +523,7 @@ class tcp_link {
   }
 
   // Control frames go only between data frames, never inside one.
-  void stage_control() {
+  void stage_control(bool lazy) {
     if (frame_off_ > 0 || ctl_off_ < ctl_len_) return;
     ctl_off_ = ctl_len_ = 0;
     if (closing_) {
@@ -503,7 +535,7 @@ class tcp_link {
       return;  // no credits after closing: this rank reads no more slots
     }
     const std::uint64_t released = released_.load(std::memory_order_acquire);
-    if (released != credited_) {
+    if (released != credited_ && !(lazy && credits_may_wait(released))) {
       append_control(control_type::credit, released - credited_);
       credited_ = released;
     }
@@ -612,6 +644,8 @@ class tcp_link {
   std::uint64_t credits_;            // frames that may start now
   std::uint64_t spent_credits_ = 0;  // frames started and not yet credited back
   std::uint64_t credited_ = 0;       // releases already returned as credits
+  std::uint64_t sent_at_leave_ = 0;  // sent_local_ when this rank last left a call (pump_tx(lazy))
+  bool exchanged_ = false;  // at the last pump_tx(lazy): this rank had sent the peer frames since the one before
   std::size_t in_flight_bytes_ = 0;  // payload bytes of the spent_credits_ frames
   std::byte ctl_[2 * sizeof(control_frame)];
   std::size_t ctl_len_ = 0, ctl_off_ = 0;

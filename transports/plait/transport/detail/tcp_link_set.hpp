@@ -167,8 +167,8 @@ class tcp_link_set final : public link_set {
       if (lock.owns_lock()) {
         bool pending = false;
         try {
-          pump_all(false);
-          for (auto& l : links_) pending = pending || l->tx_pending();
+          pump_all(false, true);
+          for (auto& l : links_) pending = pending || l->tx_pending(true);
         } catch (...) {
           pending = true;
         }
@@ -260,14 +260,15 @@ class tcp_link_set final : public link_set {
   }
 
   // One pass of the executor's I/O over every link (holds io_mutex_): writes, and
-  // reads too when `rx`; true when the executor has news. Without poll(), a socket
+  // reads too when `rx`; true when the executor has news. `lazy` (leaving a call):
+  // credits that may wait for the next frame stay owed (tcp_link::credits_may_wait). Without poll(), a socket
   // that was full is simply tried again.
-  bool pump_all(bool rx) {
+  bool pump_all(bool rx, bool lazy = false) {
     bool news = false;
     for (auto& l : links_) {
       l->on_writable();
       if (rx) news |= l->pump_rx();
-      news |= l->pump_tx();
+      news |= l->pump_tx(lazy);
     }
     return news;
   }
