@@ -102,6 +102,7 @@ class communicator {
     const auto deadline = clock::now() + cfg.timeout;
     auto world = std::make_shared<bootstrap::world>(bootstrap::join_world(deadline));
     if (world->info.size == 1) {
+      resolve_slices(cfg, 1, false);
       resolve_depth(cfg, false);
       communicator c(std::make_unique<detail::comm_core>(0, 1, cfg));
       return c;
@@ -124,9 +125,7 @@ class communicator {
         cfg.network = false;  // a hybrid on one host: all local
     }
     cfg.shares_copies = Transport::traits.shares_copies && !cfg.network;
-    if (cfg.copy_slice_bytes == 0)
-      cfg.copy_slice_bytes =
-          cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, detail::comm_config::copy_slice_default);
+    resolve_slices(cfg, size, cfg.network && cfg.one_host);
     resolve_depth(cfg, cfg.network && cfg.one_host);
     auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
     if (size > 1) {
@@ -136,7 +135,10 @@ class communicator {
       link_config lc;
       lc.slot_bytes = cfg.slot_bytes();
       lc.depth = cfg.depth;
-      lc.send_window_bytes = cfg.send_window * lc.slot_bytes;
+      // The window in frames of the smaller slice, and as many of the larger: each
+      // kind of call keeps send_window full frames in flight.
+      lc.send_window_bytes = cfg.send_window * std::min(cfg.slice_bytes, cfg.copy_slice_bytes);
+      lc.send_window_frames = cfg.send_window;
       lc.connect_timeout = cfg.timeout;
       lc.single_copy = cfg.single_copy;
       auto links = Transport::connect(*ctx, core->bell(), lc, std::span<const int>(peers));
@@ -209,6 +211,24 @@ class communicator {
       }
       throw;
     }
+  }
+
+  // The slices left unset (0). The slice: network_slice_core_per_rank over a network
+  // transport with every rank on one host and a core per rank (fewer frames, credits
+  // and wake-ups per byte there), else slice_default. The copy slice: over a network
+  // transport the slice where one was set, else slice_default (a broadcast keeps its
+  // frames: docs/performance.md, "TCP on one host: 512 KiB slices with a core per
+  // rank"); on memory transports at least copy_slice_default.
+  static void resolve_slices(detail::comm_config& cfg, int size, bool network_on_one_host) noexcept {
+    using detail::comm_config;
+    const bool slice_set = cfg.slice_bytes != 0;
+    if (!slice_set)
+      cfg.slice_bytes = network_on_one_host && !detail::more_ranks_than_cores(size)
+                            ? comm_config::network_slice_core_per_rank
+                            : comm_config::slice_default;
+    if (cfg.copy_slice_bytes == 0)
+      cfg.copy_slice_bytes = cfg.network ? (slice_set ? cfg.slice_bytes : comm_config::slice_default)
+                                         : std::max(cfg.slice_bytes, comm_config::copy_slice_default);
   }
 
   // The depth and send window left unset (0): default_depth, and a window of

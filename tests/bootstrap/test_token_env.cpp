@@ -194,7 +194,7 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   using plait::detail::config_from_env;
   scoped_env env;
   const auto defaults = config_from_env();
-  CHECK(defaults.slice_bytes == 256 * 1024);
+  CHECK(defaults.slice_bytes == 0);       // resolved per transport and placement by communicator::create
   CHECK(defaults.depth == 0);             // resolved per transport by communicator::create
   CHECK(defaults.copy_slice_bytes == 0);  // the same
   CHECK(defaults.send_window == 0);       // the same

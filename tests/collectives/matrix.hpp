@@ -289,19 +289,20 @@ std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::st
 }
 
 // What 3 ranks with these host identities agreed at start-up: per rank, whether
-// they all share one host, whether automatic counts messages, the depth and the
-// send window (comm_config).
+// they all share one host, whether automatic counts messages, the depth, the send
+// window, and the slice and copy slice in KiB (comm_config).
 template <class Tr>
 std::vector<int> agreed_hosts(std::function<std::string(int)> host_id) {
   rank_options opt;
   opt.host_id = std::move(host_id);
+  opt.slice_bytes = opt.copy_slice_bytes = "";  // the defaults
   auto results = run_ranks<Tr>(
       3,
       [](communicator<Tr>& c) {
         const auto& cfg = c.core().config();
-        return std::vector<blob>{
-            to_blob(std::vector<int>{cfg.one_host ? 1 : 0, cfg.network ? 1 : 0, static_cast<int>(cfg.depth),
-                                     static_cast<int>(cfg.send_window)})};
+        return std::vector<blob>{to_blob(std::vector<int>{
+            cfg.one_host ? 1 : 0, cfg.network ? 1 : 0, static_cast<int>(cfg.depth), static_cast<int>(cfg.send_window),
+            static_cast<int>(cfg.slice_bytes >> 10), static_cast<int>(cfg.copy_slice_bytes >> 10)})};
       },
       opt);
   std::vector<int> got;

@@ -59,7 +59,7 @@ std::vector<T> from_blob(const blob& b) {
 
 struct rank_options {
   std::chrono::seconds deadline{120};       // whole sweep, per rank
-  std::string slice_bytes = "4K";           // small slices exercise the multi-slice paths
+  std::string slice_bytes = "4K";           // small slices exercise the multi-slice paths; empty: the default
   std::string copy_slice_bytes = "8K";      // broadcast, send/recv; empty: the transport's default
   std::string timeout = "30";               // PLAIT_TIMEOUT inside the ranks
   std::function<std::string(int)> host_id;  // PLAIT_HOST_ID per rank (hybrid tests)
@@ -144,7 +144,10 @@ std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
       ::setenv("PLAIT_STORE", store.c_str(), 1);
       ::setenv("PLAIT_STORE_SERVED", "1", 1);
       ::setenv("PLAIT_TOKEN", token.c_str(), 1);
-      ::setenv("PLAIT_SLICE_BYTES", opt.slice_bytes.c_str(), 1);
+      if (opt.slice_bytes.empty())
+        ::unsetenv("PLAIT_SLICE_BYTES");
+      else
+        ::setenv("PLAIT_SLICE_BYTES", opt.slice_bytes.c_str(), 1);
       if (opt.copy_slice_bytes.empty())
         ::unsetenv("PLAIT_COPY_SLICE_BYTES");
       else

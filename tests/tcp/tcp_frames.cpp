@@ -307,6 +307,33 @@ TEST_CASE("tcp with a send window sends full slots up to its bytes, small ones u
   REQUIRE_NOTHROW(t.links->health(1));
 }
 
+TEST_CASE("tcp with a send window of frames keeps that many of a larger slice in flight", "[tcp][frames]") {
+  // The window's bytes are two half slots; two frames of any size may also be out.
+  plait::link_config cfg{slot_bytes, 4, 300ms};
+  cfg.send_window_bytes = slot_bytes;
+  cfg.send_window_frames = 2;
+  raw_peer t(false, cfg);
+  for (std::uint64_t i = 0; i < 3; ++i) post_slot(t, i, slot_bytes);
+  REQUIRE(receive_slot(t, slot_bytes) == 0);
+  REQUIRE(receive_slot(t, slot_bytes) == 1);  // past the bytes, within two frames
+  CHECK(t.silent_for(100ms));
+  t.send_control(control_type::credit, 2);
+  REQUIRE(receive_slot(t, slot_bytes) == 2);
+  t.send_control(control_type::credit, 1);
+  // Half slots: the bytes and the frames allow two.
+  for (std::uint64_t i = 3; i < 6; ++i) post_slot(t, i, slot_bytes / 2);
+  REQUIRE(receive_slot(t, slot_bytes / 2) == 3);
+  REQUIRE(receive_slot(t, slot_bytes / 2) == 4);
+  CHECK(t.silent_for(100ms));
+  t.send_control(control_type::credit, 2);
+  REQUIRE(receive_slot(t, slot_bytes / 2) == 5);
+  t.send_control(control_type::credit, 1);
+  // Quarter slots: the bytes allow four, and so do the credits.
+  for (std::uint64_t i = 6; i < 10; ++i) post_slot(t, i, slot_bytes / 4);
+  for (std::uint64_t i = 6; i < 10; ++i) REQUIRE(receive_slot(t, slot_bytes / 4) == i);
+  REQUIRE_NOTHROW(t.links->health(1));
+}
+
 TEST_CASE("tcp sends a slot larger than its send window when nothing else is out", "[tcp][frames]") {
   plait::link_config cfg{slot_bytes, 4, 300ms};
   cfg.send_window_bytes = slot_bytes / 2;

@@ -146,7 +146,7 @@ TEST_CASE("broadcast and send/recv take the copy slice, the other collectives th
   CHECK(cfg.slot_bytes() == 4096u);
 }
 
-TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice", "[automatic]") {
+TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice, over memory only", "[automatic]") {
   plait::detail::comm_config cfg;
   cfg.slice_bytes = 4096;
   cfg.copy_slice_bytes = 1 << 20;
@@ -170,6 +170,12 @@ TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice", "[a
     CHECK(slice_of(collective_kind::all_reduce, 16 * M) == 4096u);
     CHECK(slice_of(collective_kind::reduce_scatter, 16 * M) == 4096u);
   }
+  // Over a network transport an all_gather takes the slice at every size; a broadcast
+  // still takes the copy slice.
+  cfg.network = true;
+  CHECK(cfg.slice_for(collective_kind::all_gather, 8 * M) == 4096u);
+  CHECK(cfg.slice_for(collective_kind::all_gather, 32 * M) == 4096u);
+  CHECK(cfg.slice_for(collective_kind::broadcast, 32 * M) == (1u << 20));
 }
 
 // lend_choice (comm_core: all_gather with a core per rank): per output size, 3 calls

@@ -60,22 +60,37 @@ class fifo_list {
   std::size_t head_ = 0;  // items_[0, head_) are popped
 };
 
+// More ranks than this host has cores (likely: every rank is taken to be on this host).
+inline bool more_ranks_than_cores(int ranks) noexcept {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores != 0 && static_cast<unsigned>(ranks) > cores;
+}
+
 struct comm_config {
   std::chrono::nanoseconds timeout = std::chrono::seconds(600);
-  std::size_t slice_bytes = 256 * 1024;  // bench/tune.sh: best of 32K..1M x depth 2, 4 on shm (docs/performance.md)
+  // The pipeline slice; 0 until communicator::create resolves it (resolve_slices):
+  // slice_default, or network_slice_core_per_rank over a network transport with every
+  // rank on one host and a core per rank.
+  std::size_t slice_bytes = 0;
+  static constexpr std::size_t slice_default =
+      256 * 1024;  // bench/tune.sh: best of 32K..1M x depth 2, 4 on shm (docs/performance.md)
+  static constexpr std::size_t network_slice_core_per_rank =
+      512 * 1024;  // docs/performance.md, "TCP on one host: 512 KiB slices with a core per rank"
   // Slots per FIFO; 0 until communicator::create resolves it to default_depth.
   std::size_t depth = 0;
   static constexpr std::size_t default_depth = 4;
-  // How many full slots' worth of payload a link may send ahead of the peer's credits
-  // (it never has more than depth frames out); 0 until communicator::create resolves
-  // it: network_window_on_one_host over a network transport (tcp) with every rank on
-  // one host, else depth (no cap but the slots). Small frames still fill every slot.
+  // How many full frames a link may send ahead of the peer's credits, of either
+  // slice (it never has more than depth frames out); 0 until communicator::create
+  // resolves it: network_window_on_one_host over a network transport (tcp) with every
+  // rank on one host, else depth (no cap but the slots). Frames under the smaller
+  // slice still fill every slot (link_config::send_window_bytes and _frames).
   std::size_t send_window = 0;
   static constexpr std::size_t network_window_on_one_host =
       3;  // docs/performance.md, "TCP on one host: three slots per FIFO" and "... a send window instead"
   // The slice of plain copies from one rank to another (broadcast, send/recv); 0
-  // until communicator::create resolves it: slice_bytes over a network transport,
-  // at least copy_slice_default otherwise. Slots hold the larger of the two slices.
+  // until communicator::create resolves it: over a network transport slice_bytes
+  // where that was set, else slice_default; at least copy_slice_default otherwise.
+  // Slots hold the larger of the two slices.
   std::size_t copy_slice_bytes = 0;
   static constexpr std::size_t copy_slice_default =
       1024 * 1024;  // docs/performance.md, "Copies without rep movsb, and plain copies in 1 MiB slices"
@@ -116,9 +131,12 @@ struct comm_config {
   // The pipeline slice of a call of this kind with this many bytes of output: plain
   // copies', and all_gather's of 8 to 64 MiB (executor::gather_in_copy_slices), take
   // copy_slice_bytes. Every rank computes the same from the same call.
+  // (all_gather's copy slices are for memory transports: over a network one an
+  // all_gather takes the slice at every size.)
   std::size_t slice_for(collective_kind kind, std::size_t output_bytes = 0) const noexcept {
-    const bool plain_copy = kind == collective_kind::broadcast || kind == collective_kind::point_to_point ||
-                            (kind == collective_kind::all_gather && executor::gather_in_copy_slices(output_bytes));
+    const bool plain_copy =
+        kind == collective_kind::broadcast || kind == collective_kind::point_to_point ||
+        (kind == collective_kind::all_gather && !network && executor::gather_in_copy_slices(output_bytes));
     return plain_copy && copy_slice_bytes != 0 ? copy_slice_bytes : slice_bytes;
   }
   // A slot's payload capacity: the largest slice.
@@ -134,9 +152,9 @@ class comm_core {
         p2p_sent_(static_cast<std::size_t>(size), 0),
         p2p_received_(static_cast<std::size_t>(size), 0),
         last_seen_(2 * static_cast<std::size_t>(size), 0) {
-    const unsigned cores = std::thread::hardware_concurrency();
+    if (cfg_.slice_bytes == 0) cfg_.slice_bytes = comm_config::slice_default;  // built without create
     // Oversubscribed (more ranks than cores on this host is likely): poll less.
-    oversubscribed_ = cores != 0 && static_cast<unsigned>(size) > cores;
+    oversubscribed_ = more_ranks_than_cores(size);
     if (cfg_.poll.count() >= 0)
       bell_.set_spin(cfg_.poll);
     else if (oversubscribed_)

@@ -14,8 +14,9 @@
 // receive slot, the I/O side can always drain the socket, and control frames
 // (credits, closing) are never stuck behind data the executor has not consumed.
 // A send window may also cap the payload bytes of the frames not yet credited back
-// (link_config::send_window_bytes): full frames then stop short of the slots while
-// small ones still use them all. A frame always goes when none is out.
+// (link_config::send_window_bytes), or, when more, send_window_frames frames of the
+// size being sent: full frames then stop short of the slots while small ones still use
+// them all. A frame always goes when none is out.
 // Failures (end-of-stream, reset, garbage) are recorded once per link, with a message,
 // under a mutex; health() reads them (see tcp_link_set for when they are raised).
 // Receives into the caller's memory: the executor may expect() a frame still to come
@@ -85,7 +86,7 @@ enum class link_state : int {
 class tcp_link {
  public:
   tcp_link(int rank, int peer, plait::detail::fd_handle fd, std::size_t slot_bytes, std::size_t depth,
-           std::size_t send_window_bytes = 0)
+           std::size_t send_window_bytes = 0, std::size_t send_window_frames = 0)
       : rank_(rank),
         peer_(peer),
         fd_(std::move(fd)),
@@ -98,6 +99,7 @@ class tcp_link {
         recv_dst_(new std::byte*[depth]()),
         started_bytes_(new std::size_t[depth]()),
         window_bytes_(send_window_bytes),
+        window_frames_(send_window_frames),
         credits_(depth) {
     plait::detail::set_nonblocking(fd_.get(), true);  // neither I/O driver may block in I/O
   }
@@ -572,7 +574,8 @@ class tcp_link {
   // credited back: a credit, and room in the send window (always, when nothing is out).
   bool may_start(std::uint64_t credits, std::size_t out_bytes, std::size_t bytes) const noexcept {
     if (credits == 0) return false;
-    return window_bytes_ == 0 || out_bytes == 0 || out_bytes + bytes <= window_bytes_;
+    if (window_bytes_ == 0 || out_bytes == 0) return true;
+    return out_bytes + bytes <= std::max(window_bytes_, window_frames_ * bytes);
   }
   // Frames whose first byte has been written: those sent, and the one half written.
   std::uint64_t frames_started() const noexcept { return sent_local_ + (frame_off_ > 0 ? 1 : 0); }
@@ -611,7 +614,8 @@ class tcp_link {
   // Per frame started and not yet credited back (by frame index modulo depth): its
   // payload bytes. I/O side only.
   std::unique_ptr<std::size_t[]> started_bytes_;
-  const std::size_t window_bytes_;  // link_config::send_window_bytes (0: no cap)
+  const std::size_t window_bytes_;   // link_config::send_window_bytes (0: no cap)
+  const std::size_t window_frames_;  // link_config::send_window_frames
 
   // Shared counters, one writer each.
   alignas(64) std::atomic<std::uint64_t> posted_{0};  // executor

@@ -64,8 +64,8 @@ class tcp_link_set final : public link_set {
       if (peer < 0 || peer >= size || peer == rank || index_[static_cast<std::size_t>(peer)] >= 0)
         throw error(errc::invalid_argument, "tcp link set: bad or repeated peer " + std::to_string(peer), rank);
       index_[static_cast<std::size_t>(peer)] = static_cast<int>(links_.size());
-      links_.push_back(
-          std::make_unique<tcp_link>(rank, peer, std::move(fd), cfg.slot_bytes, cfg.depth, cfg.send_window_bytes));
+      links_.push_back(std::make_unique<tcp_link>(rank, peer, std::move(fd), cfg.slot_bytes, cfg.depth,
+                                                  cfg.send_window_bytes, cfg.send_window_frames));
     }
     wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!wake_fd_) throw error(errc::system, "eventfd failed: " + plait::detail::errno_text(errno), rank);
