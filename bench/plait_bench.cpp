@@ -153,8 +153,9 @@ struct bench_run {
     bench::report rep(o, "plait", "0.1", n,
                       "algorithm " + o.algo + (comm.core().config().one_host ? " (all ranks on one host)" : "") +
                           ", slice " + std::to_string(comm.slice_bytes()) + " B (broadcast, send/recv " +
-                          std::to_string(comm.copy_slice_bytes()) + " B), depth " +
-                          std::to_string(comm.pipeline_depth()) +
+                          std::to_string(comm.copy_slice_bytes()) + " B" +
+                          (shm ? "" : ", all_gather " + std::to_string(comm.gather_slice_bytes()) + " B") +
+                          "), depth " + std::to_string(comm.pipeline_depth()) +
                           (shm ? "" : ", send window " + std::to_string(comm.send_window()) + " slots") + ", " +
                           streamed() + "; rank 0 " + cpus_of_this_rank() + "; PLAIT_* environment as launched",
                       comm.rank() == 0, shm ? "copy" : "loopback");

@@ -135,7 +135,7 @@ class communicator {
       link_config lc;
       lc.slot_bytes = cfg.slot_bytes();
       lc.depth = cfg.depth;
-      // The window in frames of the smaller slice, and as many of the larger: each
+      // The window in frames of the smallest slice, and as many of a larger one: each
       // kind of call keeps send_window full frames in flight.
       lc.send_window_bytes = cfg.send_window * std::min(cfg.slice_bytes, cfg.copy_slice_bytes);
       lc.send_window_frames = cfg.send_window;
@@ -157,12 +157,16 @@ class communicator {
   int rank() const noexcept { return core_->rank(); }
   int size() const noexcept { return core_->size(); }
   // The pipeline slice size and FIFO depth every rank agreed on at start-up; plain
-  // copies (broadcast, send/recv) go in slices of copy_slice_bytes(), and a slot
-  // holds the larger of the two.
+  // copies (broadcast, send/recv) go in slices of copy_slice_bytes(), an all_gather
+  // over tcp in gather_slice_bytes(), and a slot holds the largest.
   std::size_t slice_bytes() const noexcept { return core_->config().slice_bytes; }
   std::size_t copy_slice_bytes() const noexcept { return core_->config().copy_slice_bytes; }
+  std::size_t gather_slice_bytes() const noexcept {
+    const auto& cfg = core_->config();
+    return cfg.network && cfg.gather_slice_bytes != 0 ? cfg.gather_slice_bytes : cfg.slice_bytes;
+  }
   std::size_t pipeline_depth() const noexcept { return core_->config().depth; }
-  // Full slots' worth of payload a link may send ahead of the peer's credits (at most
+  // Full frames a link may send ahead of the peer's credits (at most
   // pipeline_depth(); PLAIT_SEND_WINDOW).
   std::size_t send_window() const noexcept { return core_->config().send_window; }
 
@@ -213,22 +217,23 @@ class communicator {
     }
   }
 
-  // The slices left unset (0). The slice: network_slice_core_per_rank over a network
-  // transport with every rank on one host and a core per rank (fewer frames, credits
-  // and wake-ups per byte there), else slice_default. The copy slice: over a network
-  // transport the slice where one was set, else slice_default (a broadcast keeps its
-  // frames: docs/performance.md, "TCP on one host: 512 KiB slices with a core per
-  // rank"); on memory transports at least copy_slice_default.
+  // The slices left unset (0). The slice: slice_default. The copy slice: the slice
+  // over a network transport, at least copy_slice_default on memory transports. With
+  // the slice unset, over a network transport with every rank on one host and a core
+  // per rank, all_gather's frames are network_gather_slice_core_per_rank (fewer frames,
+  // credits and wake-ups per byte; a reducing step keeps the slice, whose slot, input
+  // and output stay in a core's L2: docs/performance.md, "TCP on one host: all_gather
+  // in 512 KiB slices with a core per rank").
   static void resolve_slices(detail::comm_config& cfg, int size, bool network_on_one_host) noexcept {
     using detail::comm_config;
     const bool slice_set = cfg.slice_bytes != 0;
-    if (!slice_set)
-      cfg.slice_bytes = network_on_one_host && !detail::more_ranks_than_cores(size)
-                            ? comm_config::network_slice_core_per_rank
-                            : comm_config::slice_default;
+    if (!slice_set) {
+      cfg.slice_bytes = comm_config::slice_default;
+      if (network_on_one_host && !detail::more_ranks_than_cores(size))
+        cfg.gather_slice_bytes = comm_config::network_gather_slice_core_per_rank;
+    }
     if (cfg.copy_slice_bytes == 0)
-      cfg.copy_slice_bytes = cfg.network ? (slice_set ? cfg.slice_bytes : comm_config::slice_default)
-                                         : std::max(cfg.slice_bytes, comm_config::copy_slice_default);
+      cfg.copy_slice_bytes = cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, comm_config::copy_slice_default);
   }
 
   // The depth and send window left unset (0): default_depth, and a window of

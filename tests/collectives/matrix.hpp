@@ -274,7 +274,8 @@ std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::st
   auto results = run_ranks<Tr>(
       2,
       [](communicator<Tr>& c) {
-        std::vector<std::uint64_t> v = {c.slice_bytes(), c.copy_slice_bytes(), c.pipeline_depth(), c.send_window()};
+        std::vector<std::uint64_t> v = {c.slice_bytes(), c.copy_slice_bytes(), c.pipeline_depth(), c.send_window(),
+                                        c.gather_slice_bytes()};
         return std::vector<blob>{to_blob(v)};
       },
       opt);
@@ -290,7 +291,7 @@ std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::st
 
 // What 3 ranks with these host identities agreed at start-up: per rank, whether
 // they all share one host, whether automatic counts messages, the depth, the send
-// window, and the slice and copy slice in KiB (comm_config).
+// window, and the slice, copy slice and all_gather slice in KiB (communicator).
 template <class Tr>
 std::vector<int> agreed_hosts(std::function<std::string(int)> host_id) {
   rank_options opt;
@@ -302,7 +303,8 @@ std::vector<int> agreed_hosts(std::function<std::string(int)> host_id) {
         const auto& cfg = c.core().config();
         return std::vector<blob>{to_blob(std::vector<int>{
             cfg.one_host ? 1 : 0, cfg.network ? 1 : 0, static_cast<int>(cfg.depth), static_cast<int>(cfg.send_window),
-            static_cast<int>(cfg.slice_bytes >> 10), static_cast<int>(cfg.copy_slice_bytes >> 10)})};
+            static_cast<int>(c.slice_bytes() >> 10), static_cast<int>(c.copy_slice_bytes() >> 10),
+            static_cast<int>(c.gather_slice_bytes() >> 10)})};
       },
       opt);
   std::vector<int> got;

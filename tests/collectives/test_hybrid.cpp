@@ -40,9 +40,10 @@ TEST_CASE("16 MiB per rank of float sum over hybrid<shm, tcp> equals the referen
 }
 
 TEST_CASE("hybrid<shm, tcp> on one host is all shm: automatic chooses as over memory", "[collectives][hybrid]") {
-  using v = std::vector<int>;  // per rank: one host, network, depth, send window, slice and copy slice (KiB)
+  // Per rank: one host, network, depth, send window, slice, copy slice and all_gather slice (KiB).
+  using v = std::vector<int>;
   CHECK(agreed_hosts<mixed>([](int) { return "node-a"; }) ==
-        v{1, 0, 4, 4, 256, 1024, 1, 0, 4, 4, 256, 1024, 1, 0, 4, 4, 256, 1024});
+        v{1, 0, 4, 4, 256, 1024, 256, 1, 0, 4, 4, 256, 1024, 256, 1, 0, 4, 4, 256, 1024, 256});
   CHECK(agreed_hosts<mixed>([](int r) { return r == 1 ? "node-b" : "node-a"; }) ==
-        v{0, 1, 4, 4, 256, 256, 0, 1, 4, 4, 256, 256, 0, 1, 4, 4, 256, 256});
+        v{0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256});
 }

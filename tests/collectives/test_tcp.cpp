@@ -41,31 +41,32 @@ TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collec
 
 TEST_CASE("over tcp broadcast and send/recv go in the pipeline slice unless set; a 3-slot window on one host",
           "[collectives][tcp]") {
-  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window
-  CHECK(agreed_slices<tcp>("4K", "") == v{4096, 4096, 4, 3, 4096, 4096, 4, 3});
-  CHECK(agreed_slices<tcp>("4K", "16K") == v{4096, 16384, 4, 3, 4096, 16384, 4, 3});
+  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window, all_gather slice
+  CHECK(agreed_slices<tcp>("4K", "") == v{4096, 4096, 4, 3, 4096, 4096, 4096, 4, 3, 4096});
+  CHECK(agreed_slices<tcp>("4K", "16K") == v{4096, 16384, 4, 3, 4096, 4096, 16384, 4, 3, 4096});
 }
 
 TEST_CASE("over tcp the ranks agree whether they share one host, and take a 3-slot send window only then",
           "[collectives][tcp]") {
-  using v = std::vector<int>;  // per rank: one host, network, depth, send window, slice and copy slice (KiB)
-  // On one host 512 KiB slices where each of the 3 ranks has a core; a broadcast's
-  // frames stay 256 KiB.
-  const int slice = plait::detail::more_ranks_than_cores(3) ? 256 : 512;
+  // Per rank: one host, network, depth, send window, slice, copy slice and all_gather slice (KiB).
+  using v = std::vector<int>;
+  // On one host all_gather takes 512 KiB slices where each of the 3 ranks has a core.
+  const int gather = plait::detail::more_ranks_than_cores(3) ? 256 : 512;
   CHECK(agreed_hosts<tcp>([](int) { return "node-a"; }) ==
-        v{1, 1, 4, 3, slice, 256, 1, 1, 4, 3, slice, 256, 1, 1, 4, 3, slice, 256});
+        v{1, 1, 4, 3, 256, 256, gather, 1, 1, 4, 3, 256, 256, gather, 1, 1, 4, 3, 256, 256, gather});
   // One rank elsewhere: every rank says no, the two that share a host included.
   CHECK(agreed_hosts<tcp>([](int r) { return r == 2 ? "node-b" : "node-a"; }) ==
-        v{0, 1, 4, 4, 256, 256, 0, 1, 4, 4, 256, 256, 0, 1, 4, 4, 256, 256});
+        v{0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256});
   CHECK(agreed_hosts<tcp>([](int r) { return r == 0 ? "node-b" : "node-a"; }) ==
-        v{0, 1, 4, 4, 256, 256, 0, 1, 4, 4, 256, 256, 0, 1, 4, 4, 256, 256});
+        v{0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256});
 }
 
-TEST_CASE("over tcp on one host with a core per rank the slice is 512 KiB and a broadcast's 256 KiB, unless set",
+TEST_CASE("over tcp on one host with a core per rank all_gather goes in 512 KiB slices unless the slice is set",
           "[collectives][tcp]") {
-  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window
-  const std::uint64_t slice = plait::detail::more_ranks_than_cores(2) ? 256 * 1024 : 512 * 1024;
-  CHECK(agreed_slices<tcp>("", "") == v{slice, 256 * 1024, 4, 3, slice, 256 * 1024, 4, 3});
-  CHECK(agreed_slices<tcp>("256K", "") == v{256 * 1024, 256 * 1024, 4, 3, 256 * 1024, 256 * 1024, 4, 3});
-  CHECK(agreed_slices<tcp>("", "64K") == v{slice, 64 * 1024, 4, 3, slice, 64 * 1024, 4, 3});
+  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window, all_gather slice
+  constexpr std::uint64_t K = 1024;
+  const std::uint64_t gather = plait::detail::more_ranks_than_cores(2) ? 256 * K : 512 * K;
+  CHECK(agreed_slices<tcp>("", "") == v{256 * K, 256 * K, 4, 3, gather, 256 * K, 256 * K, 4, 3, gather});
+  CHECK(agreed_slices<tcp>("256K", "") == v{256 * K, 256 * K, 4, 3, 256 * K, 256 * K, 256 * K, 4, 3, 256 * K});
+  CHECK(agreed_slices<tcp>("", "64K") == v{256 * K, 64 * K, 4, 3, gather, 256 * K, 64 * K, 4, 3, gather});
 }

@@ -176,6 +176,17 @@ TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice, over
   CHECK(cfg.slice_for(collective_kind::all_gather, 8 * M) == 4096u);
   CHECK(cfg.slice_for(collective_kind::all_gather, 32 * M) == 4096u);
   CHECK(cfg.slice_for(collective_kind::broadcast, 32 * M) == (1u << 20));
+  // ... or its own slice where set; the others keep theirs, and the slots hold the largest.
+  cfg.gather_slice_bytes = 2 << 20;
+  CHECK(cfg.slice_for(collective_kind::all_gather, 4096) == (2u << 20));
+  CHECK(cfg.slice_for(collective_kind::all_gather, 32 * M) == (2u << 20));
+  CHECK(cfg.slice_for(collective_kind::all_reduce, 32 * M) == 4096u);
+  CHECK(cfg.slice_for(collective_kind::broadcast, 32 * M) == (1u << 20));
+  CHECK(cfg.slot_bytes() == (2u << 20));
+  // Over memory it has none.
+  cfg.network = false;
+  CHECK(cfg.slice_for(collective_kind::all_gather, 4096) == 4096u);
+  CHECK(cfg.slot_bytes() == (1u << 20));
 }
 
 // lend_choice (comm_core: all_gather with a core per rank): per output size, 3 calls

@@ -12,6 +12,7 @@
 // and every later call rethrows it (the communicator is broken).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -68,21 +69,24 @@ inline bool more_ranks_than_cores(int ranks) noexcept {
 
 struct comm_config {
   std::chrono::nanoseconds timeout = std::chrono::seconds(600);
-  // The pipeline slice; 0 until communicator::create resolves it (resolve_slices):
-  // slice_default, or network_slice_core_per_rank over a network transport with every
-  // rank on one host and a core per rank.
+  // The pipeline slice; 0 until communicator::create resolves it to slice_default.
   std::size_t slice_bytes = 0;
   static constexpr std::size_t slice_default =
       256 * 1024;  // bench/tune.sh: best of 32K..1M x depth 2, 4 on shm (docs/performance.md)
-  static constexpr std::size_t network_slice_core_per_rank =
-      512 * 1024;  // docs/performance.md, "TCP on one host: 512 KiB slices with a core per rank"
+  // The slice of an all_gather over a network transport (its frames land in the
+  // output: no reduce reads them from a slot); 0: the slice. communicator::create
+  // sets network_gather_slice_core_per_rank with every rank on one host and a core
+  // per rank, unless the slice was set.
+  std::size_t gather_slice_bytes = 0;
+  static constexpr std::size_t network_gather_slice_core_per_rank =
+      512 * 1024;  // docs/performance.md, "TCP on one host: all_gather in 512 KiB slices with a core per rank"
   // Slots per FIFO; 0 until communicator::create resolves it to default_depth.
   std::size_t depth = 0;
   static constexpr std::size_t default_depth = 4;
-  // How many full frames a link may send ahead of the peer's credits, of either
-  // slice (it never has more than depth frames out); 0 until communicator::create
+  // How many full frames a link may send ahead of the peer's credits, of any of the
+  // slices (it never has more than depth frames out); 0 until communicator::create
   // resolves it: network_window_on_one_host over a network transport (tcp) with every
-  // rank on one host, else depth (no cap but the slots). Frames under the smaller
+  // rank on one host, else depth (no cap but the slots). Frames under the smallest
   // slice still fill every slot (link_config::send_window_bytes and _frames).
   std::size_t send_window = 0;
   static constexpr std::size_t network_window_on_one_host =
@@ -132,15 +136,18 @@ struct comm_config {
   // copies', and all_gather's of 8 to 64 MiB (executor::gather_in_copy_slices), take
   // copy_slice_bytes. Every rank computes the same from the same call.
   // (all_gather's copy slices are for memory transports: over a network one an
-  // all_gather takes the slice at every size.)
+  // all_gather takes gather_slice_bytes, where set, or the slice, at every size.)
   std::size_t slice_for(collective_kind kind, std::size_t output_bytes = 0) const noexcept {
+    if (kind == collective_kind::all_gather && network && gather_slice_bytes != 0) return gather_slice_bytes;
     const bool plain_copy =
         kind == collective_kind::broadcast || kind == collective_kind::point_to_point ||
         (kind == collective_kind::all_gather && !network && executor::gather_in_copy_slices(output_bytes));
     return plain_copy && copy_slice_bytes != 0 ? copy_slice_bytes : slice_bytes;
   }
   // A slot's payload capacity: the largest slice.
-  std::size_t slot_bytes() const noexcept { return copy_slice_bytes > slice_bytes ? copy_slice_bytes : slice_bytes; }
+  std::size_t slot_bytes() const noexcept {
+    return std::max({slice_bytes, copy_slice_bytes, network ? gather_slice_bytes : 0});
+  }
 };
 
 class comm_core {
