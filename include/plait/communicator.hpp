@@ -162,8 +162,7 @@ class communicator {
   std::size_t slice_bytes() const noexcept { return core_->config().slice_bytes; }
   std::size_t copy_slice_bytes() const noexcept { return core_->config().copy_slice_bytes; }
   std::size_t gather_slice_bytes() const noexcept {
-    const auto& cfg = core_->config();
-    return cfg.network && cfg.gather_slice_bytes != 0 ? cfg.gather_slice_bytes : cfg.slice_bytes;
+    return core_->config().slice_for(detail::collective_kind::all_gather);
   }
   std::size_t pipeline_depth() const noexcept { return core_->config().depth; }
   // Full frames a link may send ahead of the peer's credits (at most

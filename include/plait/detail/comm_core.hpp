@@ -92,9 +92,8 @@ struct comm_config {
   static constexpr std::size_t network_window_on_one_host =
       3;  // docs/performance.md, "TCP on one host: three slots per FIFO" and "... a send window instead"
   // The slice of plain copies from one rank to another (broadcast, send/recv); 0
-  // until communicator::create resolves it: over a network transport slice_bytes
-  // where that was set, else slice_default; at least copy_slice_default otherwise.
-  // Slots hold the larger of the two slices.
+  // until communicator::create resolves it: slice_bytes over a network transport,
+  // at least copy_slice_default otherwise. Slots hold the largest slice.
   std::size_t copy_slice_bytes = 0;
   static constexpr std::size_t copy_slice_default =
       1024 * 1024;  // docs/performance.md, "Copies without rep movsb, and plain copies in 1 MiB slices"
