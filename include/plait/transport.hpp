@@ -113,8 +113,8 @@ struct link_config {
   // transports with a sender-side window (tcp) read it.
   std::size_t send_window_bytes = 0;
   // With a window: this many frames of the size being sent may be out, when that is
-  // more than send_window_bytes (so a window sized by the smaller of two slices still
-  // keeps as many of the larger in flight; 0: the bytes alone).
+  // more than send_window_bytes (so a window sized by the smallest of the slices still
+  // keeps as many of a larger one in flight; 0: the bytes alone).
   std::size_t send_window_frames = 0;
 };
 

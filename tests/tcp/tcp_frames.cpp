@@ -472,7 +472,7 @@ void take_slot(raw_peer& t, std::uint64_t index, std::uint32_t bytes) {
 
 }  // namespace
 
-TEST_CASE("tcp a rank leaving an exchange keeps a small credit for its next frame; otherwise credits go at once",
+TEST_CASE("tcp a small credit waits for the next frame while a rank polls or leaves an exchange; otherwise it goes",
           "[tcp][frames]") {
   constexpr std::size_t big = 32 * 1024;  // past the credits that may wait (16 KiB)
   raw_peer t(false, plait::link_config{big, 4, 300ms});
@@ -503,11 +503,13 @@ TEST_CASE("tcp a rank leaving an exchange keeps a small credit for its next fram
     REQUIRE_NOTHROW(t.links->health(1));
   }
 
-  SECTION("a waiting credit goes at the next call's first pump when that call sends nothing first") {
+  SECTION("a credit waiting from the last call waits while the next one polls, and goes as it sleeps") {
     exchange();
     t.links->release_io(true);
     CHECK(t.silent_for(100ms));
     t.links->progress();
+    CHECK(t.silent_for(100ms));
+    t.links->sleep(20ms, -1);
     CHECK(t.receive<control_frame>().value == 1);
   }
 
@@ -530,11 +532,85 @@ TEST_CASE("tcp a rank leaving an exchange keeps a small credit for its next fram
     CHECK(t.receive<control_frame>().value == 1);
   }
 
-  SECTION("inside a call, a credit goes at the next pump") {
+  SECTION("inside a call, a small credit waits while the rank polls, and goes as it sleeps") {
     exchange();
     t.links->progress();
+    CHECK(t.silent_for(100ms));
+    t.links->sleep(20ms, -1);  // the pass before the sleep returns every credit
     CHECK(t.receive<control_frame>().value == 1);
   }
+
+  SECTION("inside a call, a small credit waits while the rank polls, and goes when the thread takes the I/O") {
+    exchange();
+    t.links->progress();
+    CHECK(t.silent_for(100ms));
+    t.links->release_io(false);
+    CHECK(t.receive<control_frame>().value == 1);
+  }
+
+  SECTION("inside a call, a small credit waits while the rank polls, and goes with its next frame") {
+    exchange();
+    t.links->progress();
+    CHECK(t.silent_for(100ms));
+    post_slot(t, 1, 40);
+    CHECK(t.receive<control_frame>().value == 1);
+    REQUIRE(receive_slot(t, 40) == 1);
+  }
+
+  SECTION("inside a call, half the slots owed or a large slot: the credits go at the next pump") {
+    SECTION("half the slots") { exchange({24, 24}); }
+    SECTION("a large slot") { exchange({static_cast<std::uint32_t>(big)}); }
+    t.links->progress();
+    CHECK(t.receive<control_frame>().type == control_type::credit);
+  }
+
+  SECTION("a frame that a polling pass sends takes the credits waiting") {
+    post_slot(t, 0, 40);
+    for (std::uint64_t i = 1; i < 4; ++i) post_slot(t, i, 40);  // every credit spent
+    for (std::uint64_t i = 0; i < 4; ++i) REQUIRE(receive_slot(t, 40) == i);
+    post_slot(t, 4, 40);  // waits for a credit
+    t.send_slot(24, 0);
+    take_slot(t, 0, 24);
+    t.links->progress();  // the credit waits: the pass has no frame to send
+    CHECK(t.silent_for(100ms));
+    t.send_control(control_type::credit, 1);
+    const auto until = plait::clock::now() + 2s;
+    while (!t.links->progress() && plait::clock::now() < until) std::this_thread::sleep_for(1ms);
+    const auto c = t.receive<control_frame>();  // before the frame, in the same write
+    CHECK(c.magic == plait::transport::tcp_detail::control_magic);
+    CHECK(c.value == 1);
+    REQUIRE(receive_slot(t, 40) == 4);
+  }
+}
+
+TEST_CASE("tcp with several peers a polling pass reads only the sockets that have bytes", "[tcp][frames]") {
+  plait::detail::doorbell bell;
+  std::vector<std::pair<int, fd_handle>> sockets;
+  fd_handle raw[2];
+  for (int peer = 1; peer <= 2; ++peer) {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    raw[peer - 1].reset(sv[1]);
+    sockets.emplace_back(peer, fd_handle(sv[0]));
+  }
+  tcp_link_set links(0, 3, bell, plait::link_config{slot_bytes, depth, 300ms}, std::move(sockets));
+  for (int i = 0; i < 10; ++i) links.progress();
+  CHECK(links.socket_reads(1) == 0);
+  CHECK(links.socket_reads(2) == 0);
+  // Rank 2 sends a slot: only its socket is read.
+  std::vector<std::byte> frame(sizeof(slot_header) + 24);
+  const slot_header h = plait::testing::pattern_header(2, 0, 24);
+  std::memcpy(frame.data(), &h, sizeof h);
+  plait::testing::fill_pattern(frame.data() + sizeof h, 24, 2, 0, 0);
+  plait::detail::send_all(raw[1].get(), frame.data(), frame.size(), plait::clock::now() + 5s);
+  const auto until = plait::clock::now() + 2s;
+  while (links.peek(2).header == nullptr && plait::clock::now() < until) {
+    links.progress();
+    std::this_thread::sleep_for(100us);
+  }
+  REQUIRE(links.peek(2).header != nullptr);
+  CHECK(links.socket_reads(1) == 0);
+  CHECK(links.socket_reads(2) > 0);
 }
 
 TEST_CASE("tcp a frame expected in the caller's memory lands there only with the header expected; detach() undoes it",

@@ -9,10 +9,11 @@
 //     one writer side (single-producer/single-consumer).
 // Flow control is by credits: the sender starts with `depth` and spends one per data
 // frame; the receiver returns one per release(), at its next pump, or (a few credits
-// for small frames, owed by a rank leaving an exchange: credits_may_wait) with its
-// next frame to that peer or its next call's first pump. So a data frame always finds a free
-// receive slot, the I/O side can always drain the socket, and control frames
-// (credits, closing) are never stuck behind data the executor has not consumed.
+// for small frames, owed by a rank polling inside a call or leaving an exchange:
+// credits_may_wait) with its next frame to that peer, or before it sleeps or hands
+// its I/O to the progress thread. So a data frame always finds a free receive slot,
+// the I/O side can always drain the socket, and control frames (credits, closing) are
+// never stuck behind data the executor has not consumed.
 // A send window may also cap the payload bytes of the frames not yet credited back
 // (link_config::send_window_bytes), or, when more, send_window_frames frames of the
 // size being sent: full frames then stop short of the slots while small ones still use
@@ -74,6 +75,13 @@ class slot_ring {
   std::size_t depth_;
   std::size_t stride_;
   std::byte* memory_;
+};
+
+// When a pump returns the credits owed to the peer (tcp_link::credits_may_wait).
+enum class credit_timing {
+  now,      // every credit owed goes
+  leaving,  // a rank leaving a call
+  polling,  // a rank polling for news inside a call
 };
 
 enum class link_state : int {
@@ -214,12 +222,12 @@ class tcp_link {
   }
 
   // Writes control frames and posted slots the credits allow; true when a send slot freed.
-  // `lazy` (a rank leaving a call): credits that may wait (credits_may_wait) stay
-  // owed, to go with this rank's next frame to the peer or its next pump.
-  bool pump_tx(bool lazy = false) {
-    if (lazy) exchanged_ = sent_local_ != sent_at_leave_;
-    const bool news = pump_tx_pass(lazy);
-    if (lazy) sent_at_leave_ = sent_local_;
+  // Credits that may wait (credits_may_wait, by `when`) stay owed, to go with this
+  // rank's next frame to the peer or a later pump.
+  bool pump_tx(credit_timing when = credit_timing::now) {
+    if (when == credit_timing::leaving) exchanged_ = sent_local_ != sent_at_leave_;
+    const bool news = pump_tx_pass(when);
+    if (when == credit_timing::leaving) sent_at_leave_ = sent_local_;
     return news;
   }
 
@@ -237,25 +245,31 @@ class tcp_link {
 
   // Anything this rank still owes the peer, whether or not it can go now: a frame or
   // control bytes half written, a posted slot not sent, credits not returned (unless
-  // `lazy` and they may wait).
-  bool tx_pending(bool lazy = false) const noexcept {
+  // they may wait, by `when`).
+  bool tx_pending(credit_timing when = credit_timing::now) const noexcept {
     if (tx_done_) return false;
     if (ctl_off_ < ctl_len_ || frame_off_ > 0 || closing_) return true;
     if (posted_.load(std::memory_order_seq_cst) != sent_local_) return true;
     const std::uint64_t released = released_.load(std::memory_order_seq_cst);
-    return released != credited_ && !(lazy && credits_may_wait(released));
+    return released != credited_ && !credits_may_wait(released, when);
   }
 
   // Whether the credits for the frames released up to `released` may wait for this
   // rank's next frame to the peer (one sendmsg instead of two, and one wake-up of the
-  // peer fewer) or its next call: this rank sent the peer frames since it last left a
-  // call (an exchange, likely again next call; a rank that only receives, as in a
-  // broadcast, returns its credits at once), fewer than half the slots are owed, and
-  // those held small frames (the peer can still start more than half its FIFO, and
-  // its send window hardly shrinks). A small exchange between two ranks otherwise
-  // sends a lone credit frame as it leaves, then its next frame.
-  bool credits_may_wait(std::uint64_t released) const noexcept {
-    if (!exchanged_) return false;
+  // peer fewer): fewer than half the slots are owed, and those held small frames (the
+  // peer can still start more than half its FIFO, and its send window hardly
+  // shrinks), and this rank is
+  //   - polling inside a call: a rank waiting on several peers in small steps then
+  //     sends no lone credit frames (4 ranks over loopback, 4 KiB: all_gather and
+  //     all_reduce made 40 % fewer sendmsg calls, docs/performance.md);
+  //   - leaving a call in which it sent the peer frames (an exchange, likely again next
+  //     call; a rank that only received, as in a broadcast, returns its credits as it
+  //     leaves): they go with its next frame to the peer or at a later pump;
+  // and never when it is about to sleep or to hand its I/O to the progress thread
+  // (`now`): every credit goes then, so no peer waits on credits held by a rank that
+  // sleeps. A frame that goes in the same pass takes every credit owed (stage_control).
+  bool credits_may_wait(std::uint64_t released, credit_timing when) const noexcept {
+    if (when == credit_timing::now || (when == credit_timing::leaving && !exchanged_)) return false;
     const std::uint64_t owed = released - credited_;
     if (2 * owed >= depth_) return false;
     std::size_t bytes = 0;
@@ -285,6 +299,11 @@ class tcp_link {
     }
   }
 
+  // Whether the peer's bytes are still read (pump_rx() does anything).
+  bool rx_open() const noexcept { return !rx_done_; }
+  // Diagnostics (I/O side): readv calls made on this link's socket.
+  std::uint64_t socket_reads() const noexcept { return reader_.reads(); }
+
   short poll_events() const noexcept {
     short ev = 0;
     if (!rx_done_) ev |= POLLIN;
@@ -311,10 +330,10 @@ class tcp_link {
 
  private:
   // pump_tx()'s writes, in one pass.
-  bool pump_tx_pass(bool lazy) {
+  bool pump_tx_pass(credit_timing when) {
     bool news = false;
     while (!tx_done_ && !want_writable_) {
-      stage_control(lazy);
+      stage_control(when);
       iovec iov[max_iov];
       int n = 0;
       std::size_t total = 0;
@@ -525,7 +544,7 @@ class tcp_link {
   }
 
   // Control frames go only between data frames, never inside one.
-  void stage_control(bool lazy) {
+  void stage_control(credit_timing when) {
     if (frame_off_ > 0 || ctl_off_ < ctl_len_) return;
     ctl_off_ = ctl_len_ = 0;
     if (closing_) {
@@ -537,7 +556,8 @@ class tcp_link {
       return;  // no credits after closing: this rank reads no more slots
     }
     const std::uint64_t released = released_.load(std::memory_order_acquire);
-    if (released != credited_ && !(lazy && credits_may_wait(released))) {
+    const bool frame_goes = posted_.load(std::memory_order_acquire) != sent_local_ && next_may_start();
+    if (released != credited_ && (frame_goes || !credits_may_wait(released, when))) {
       append_control(control_type::credit, released - credited_);
       credited_ = released;
     }
@@ -648,8 +668,8 @@ class tcp_link {
   std::uint64_t credits_;            // frames that may start now
   std::uint64_t spent_credits_ = 0;  // frames started and not yet credited back
   std::uint64_t credited_ = 0;       // releases already returned as credits
-  std::uint64_t sent_at_leave_ = 0;  // sent_local_ when this rank last left a call (pump_tx(lazy))
-  bool exchanged_ = false;  // at the last pump_tx(lazy): this rank had sent the peer frames since the one before
+  std::uint64_t sent_at_leave_ = 0;  // sent_local_ when this rank last left a call (pump_tx(leaving))
+  bool exchanged_ = false;  // at the last pump_tx(leaving): this rank had sent the peer frames since the one before
   std::size_t in_flight_bytes_ = 0;  // payload bytes of the spent_credits_ frames
   std::byte ctl_[2 * sizeof(control_frame)];
   std::size_t ctl_len_ = 0, ctl_off_ = 0;
