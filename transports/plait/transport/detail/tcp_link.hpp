@@ -299,8 +299,6 @@ class tcp_link {
     }
   }
 
-  // Whether the peer's bytes are still read (pump_rx() does anything).
-  bool rx_open() const noexcept { return !rx_done_; }
   // Diagnostics (I/O side): readv calls made on this link's socket.
   std::uint64_t socket_reads() const noexcept { return reader_.reads(); }
 

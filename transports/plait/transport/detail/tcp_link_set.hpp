@@ -290,7 +290,7 @@ class tcp_link_set final : public link_set {
   // its revents say which to read, false when it failed (then every link is read).
   bool readable_now() noexcept {
     for (std::size_t i = 0; i < links_.size(); ++i)
-      rx_fds_[i] = {links_[i]->rx_open() ? links_[i]->fd() : -1, POLLIN, 0};
+      rx_fds_[i] = {(links_[i]->poll_events() & POLLIN) != 0 ? links_[i]->fd() : -1, POLLIN, 0};
     return ::poll(rx_fds_.data(), rx_fds_.size(), 0) >= 0;
   }
 
