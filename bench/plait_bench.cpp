@@ -144,6 +144,12 @@ struct bench_run {
                : "all_gather outputs from " + std::to_string(b) + " B streamed";
   }
 
+  // The congestion control of tcp links on this host (and the bound's), and the system's.
+  std::string congestion() const {
+    const std::string mine = comm.core().config().host_congestion.value_or("");
+    return (mine.empty() ? std::string("the system's") : mine) + " (system: " + bench::system_congestion() + ")";
+  }
+
   void run() {
     const int n = comm.size();
     const std::size_t max_count = std::max<std::size_t>(o.max_bytes / sizeof(T), 1);
@@ -156,11 +162,13 @@ struct bench_run {
                           std::to_string(comm.copy_slice_bytes()) + " B" +
                           (shm ? "" : ", all_gather " + std::to_string(comm.gather_slice_bytes()) + " B") +
                           "), depth " + std::to_string(comm.pipeline_depth()) +
-                          (shm ? "" : ", send window " + std::to_string(comm.send_window()) + " slots") + ", " +
-                          streamed() + "; rank 0 " + cpus_of_this_rank() + "; PLAIT_* environment as launched",
+                          (shm ? "" : ", send window " + std::to_string(comm.send_window()) + " slots") +
+                          (shm ? "" : ", congestion control on this host " + congestion()) + ", " + streamed() +
+                          "; rank 0 " + cpus_of_this_rank() + "; PLAIT_* environment as launched",
                       comm.rank() == 0, shm ? "copy" : "loopback");
     rep.header();
     bench::bounds bound;
+    bound.congestion = comm.core().config().host_congestion.value_or("");
     const auto sweep = bench::sizes(o);
     for (std::size_t k = 0; k < sweep.size(); ++k) {
       const std::size_t count = bench::count_for(o, sweep[k], sizeof(T), n);

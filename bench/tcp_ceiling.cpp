@@ -34,6 +34,8 @@
 //   buffers     the kernel's (autotuned), or SO_SNDBUF = SO_RCVBUF = 4 MiB;
 //   waiting     poll(2) when a socket would block, or spin on non-blocking calls (only
 //               with a CPU per rank: a spinning rank would hold the CPU its peer needs).
+// Every connection uses the congestion control plait gives its links on one host
+// (reno with a CPU per rank, else the system's; PLAIT_TCP_CONGESTION as for plait).
 // Times and busbw as every benchmark in bench/ (bench_report.hpp): each rank's median
 // over the timed calls, the maximum over ranks, nccl-tests' bus factors; the settings
 // that won are printed after each row. Every wait is bounded (30 s per call): a stuck
@@ -55,9 +57,12 @@
 #include <string>
 #include <vector>
 
+#include <plait/communicator.hpp>
+#include <plait/detail/socket.hpp>
 #include <plait/kernel/copy.hpp>
 
 #include "bench_report.hpp"
+#include "bounds.hpp"
 #include "ranks.hpp"
 
 namespace {
@@ -334,11 +339,15 @@ int listen_on_loopback(sockaddr_in& a, bool big, int backlog) {
 
 int run(int rank, int ranks, int cpus, const bench::options& o, const control& ctl, const links& net) {
   bind_to_cpu(rank, ranks);
+  // The congestion control of plait's tcp links on one host (PLAIT_TCP_CONGESTION).
+  const std::string congestion =
+      plait::detail::config_from_env().host_congestion.value_or(plait::detail::comm_config::host_congestion_for(ranks));
   for (const std::vector<int>& kind : net.peer)
     for (int fd : kind) {
       if (fd < 0) continue;
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      if (!congestion.empty() && plait::detail::set_congestion(fd, congestion) != 0) die("TCP_CONGESTION");
       set_nonblocking(fd);
     }
   const bool may_spin = cpus >= ranks;  // counted before binding
@@ -357,8 +366,10 @@ int run(int rank, int ranks, int cpus, const bench::options& o, const control& c
   len = sizeof given_rcv;
   ::getsockopt(some_big, SOL_SOCKET, SO_RCVBUF, &given_rcv, &len);
   bench::report rep(o, "tcp-ceiling", "0.1", ranks,
-                    placement(ranks, cpus) +
-                        ", loopback TCP (TCP_NODELAY), the bytes and local memory work the collective must do (own "
+                    placement(ranks, cpus) + ", loopback TCP (TCP_NODELAY, congestion control " +
+                        (congestion.empty() ? std::string("the system's") : congestion) +
+                        ", as plait's links on one host; system: " + bench::system_congestion() +
+                        "), the bytes and local memory work the collective must do (own "
                         "block copied, one float-sum pass), no framing; per size the best of " +
                         (ranks > 2 ? "pattern (ring, all pairs) x " : "") +
                         "write 64K/256K/1M/4M x landing (direct, through a bounce buffer) x buffers (the kernel's "

@@ -6,7 +6,9 @@
 //             sends is written into a slot and read out of it at least once);
 //   loopback: TCP throughput per connection while `pairs` connections on 127.0.0.1
 //             each stream `bytes`-sized writes (4 MiB at least) to a reader thread — the link
-//             bound for a rank's busbw over tcp.
+//             bound for a rank's busbw over tcp. Both ends use the congestion control
+//             `congestion` names (plait's links on one host: link_config::
+//             host_congestion), or the system's when it is empty.
 // Both are GB/s (1e9 bytes/s), the median of a few repetitions after one warm-up.
 // Buffers are kept between calls (allocated and touched once for the largest size).
 // The threads run on every CPU the machine lets them, not only on the measuring
@@ -25,14 +27,27 @@
 #include <barrier>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include <plait/detail/socket.hpp>
+
 namespace bench {
+
+// The system's TCP congestion control (net.ipv4.tcp_congestion_control), or "unknown".
+inline std::string system_congestion() {
+  std::string name = "unknown";
+  if (std::ifstream f("/proc/sys/net/ipv4/tcp_congestion_control"); f) std::getline(f, name);
+  return name;
+}
 
 class bounds {
  public:
+  std::string congestion;  // TCP_CONGESTION of the loopback connections ("": the system's)
+
   double copy_gbps(std::size_t bytes, int threads) {
     if (bytes == 0 || threads < 1) return 0;
     grow(copy_src_, bytes, threads);
@@ -50,7 +65,7 @@ class bounds {
     grow(net_buf_, bytes, 2 * pairs);
     std::vector<int> send_fd(static_cast<std::size_t>(pairs), -1), recv_fd(static_cast<std::size_t>(pairs), -1);
     for (int p = 0; p < pairs; ++p)
-      connect_pair(send_fd[static_cast<std::size_t>(p)], recv_fd[static_cast<std::size_t>(p)]);
+      connect_pair(send_fd[static_cast<std::size_t>(p)], recv_fd[static_cast<std::size_t>(p)], congestion);
     // Workers 2p and 2p+1 are pair p's writer and reader.
     const std::size_t times = repeats(bytes);
     const double gbps = per_worker(bytes * times, 2 * pairs, [&](int w) {
@@ -109,7 +124,7 @@ class bounds {
     return static_cast<double>(bytes) / secs[secs.size() / 2] / 1e9;
   }
 
-  static void connect_pair(int& out, int& in) {
+  static void connect_pair(int& out, int& in, const std::string& congestion) {
     const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -126,6 +141,10 @@ class bounds {
     if (in < 0) throw std::runtime_error("loopback bound: accept failed");
     const int one = 1;
     ::setsockopt(out, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (!congestion.empty())
+      for (int fd : {out, in})
+        if (plait::detail::set_congestion(fd, congestion) != 0)
+          throw std::runtime_error("loopback bound: the kernel refuses congestion control " + congestion);
   }
 
   static void write_all(int fd, const char* p, std::size_t n) {

@@ -8,7 +8,10 @@
 // may be called from any thread. The destructor closes every link and never throws.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <limits>
@@ -20,11 +23,26 @@
 #include <plait/bootstrap/store_context.hpp>
 #include <plait/detail/comm_core.hpp>
 #include <plait/detail/env.hpp>
+#include <plait/detail/socket.hpp>
 #include <plait/transport.hpp>
 
 namespace plait {
 
 namespace detail {
+
+// PLAIT_TCP_CONGESTION's algorithm, once this kernel has taken it on a socket of this
+// process: a name it refuses is invalid_argument at start-up, on every rank that sets
+// it, before any link is made.
+inline std::string congestion_this_kernel_takes(std::string_view name) {
+  const std::string n(name);
+  const fd_handle probe(::socket(AF_INET, SOCK_STREAM, 0));
+  const int refused = probe.get() < 0 ? errno : set_congestion(probe.get(), n);
+  if (refused == 0) return n;
+  throw error(errc::invalid_argument,
+              "PLAIT_TCP_CONGESTION=" + n + ": the kernel refuses it (" + errno_text(refused) +
+                  "); use `system`, or a name in net.ipv4.tcp_allowed_congestion_control (any in "
+                  "net.ipv4.tcp_available_congestion_control with CAP_NET_ADMIN)");
+}
 
 // Environment knobs, parsed strictly (a malformed value is invalid_argument).
 inline comm_config config_from_env() {
@@ -77,6 +95,13 @@ inline comm_config config_from_env() {
       throw bad_env("PLAIT_SINGLE_COPY", s, "on, off or always");
     cfg.lend_always = s == "always";
   }
+  if (const char* v = std::getenv("PLAIT_TCP_CONGESTION")) {
+    const std::string_view s(v);
+    if (s == "system")
+      cfg.host_congestion.emplace();
+    else
+      cfg.host_congestion = congestion_this_kernel_takes(s);
+  }
   if (const char* v = std::getenv("PLAIT_STREAM_BYTES")) {
     if (std::string_view(v) == "off")
       cfg.stream_from_bytes = std::numeric_limits<std::size_t>::max();
@@ -127,6 +152,7 @@ class communicator {
     cfg.shares_copies = Transport::traits.shares_copies && !cfg.network;
     resolve_slices(cfg, size, cfg.network && cfg.one_host);
     resolve_depth(cfg, cfg.network && cfg.one_host);
+    if (!cfg.host_congestion) cfg.host_congestion = detail::comm_config::host_congestion_for(size);
     auto core = std::make_unique<detail::comm_core>(rank, size, cfg);
     if (size > 1) {
       std::vector<int> peers;
@@ -141,6 +167,7 @@ class communicator {
       lc.send_window_frames = cfg.send_window;
       lc.connect_timeout = cfg.timeout;
       lc.single_copy = cfg.single_copy;
+      lc.host_congestion = *cfg.host_congestion;
       auto links = Transport::connect(*ctx, core->bell(), lc, std::span<const int>(peers));
       ctx->barrier("connected", deadline);
       core->attach(std::move(links), std::move(ctx), std::move(keepalive));

@@ -116,6 +116,12 @@ struct link_config {
   // more than send_window_bytes (so a window sized by the smallest of the slices still
   // keeps as many of a larger one in flight; 0: the bytes alone).
   std::size_t send_window_frames = 0;
+  // Congestion control for links whose bytes never leave this host (tcp: a connection
+  // over the loopback device); empty leaves the system's. Loss-based and unpaced reno
+  // by default: on loopback nothing is lost and nothing queues, and a paced controller
+  // (bbr) only spaces the frames out (PLAIT_TCP_CONGESTION; docs/performance.md, "TCP
+  // on one host: reno, not a paced congestion control").
+  std::string host_congestion = "reno";
 };
 
 // A received slot, valid until release().

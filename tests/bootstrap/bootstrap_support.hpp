@@ -69,6 +69,8 @@ inline const std::vector<std::string>& bootstrap_variables() {
                                                  "PLAIT_POLL",
                                                  "PLAIT_PROGRESS",
                                                  "PLAIT_SINGLE_COPY",
+                                                 "PLAIT_STREAM_BYTES",
+                                                 "PLAIT_TCP_CONGESTION",
                                                  "PLAIT_DEBUG",
                                                  "PLAIT_GRACE"};
   return names;

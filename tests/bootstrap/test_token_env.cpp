@@ -231,6 +231,13 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   CHECK(config_from_env().stream_from_bytes == 64u << 20);
   env.set("PLAIT_STREAM_BYTES", "off");
   CHECK(config_from_env().stream_from_bytes == std::numeric_limits<std::size_t>::max());
+  CHECK_FALSE(defaults.host_congestion);                                    // resolved by communicator::create
+  CHECK(plait::detail::comm_config::host_congestion_for(1) == "reno");      // a core per rank: unpaced reno
+  CHECK(plait::detail::comm_config::host_congestion_for(1 << 20).empty());  // oversubscribed: the system's
+  env.set("PLAIT_TCP_CONGESTION", "system");
+  CHECK(config_from_env().host_congestion == std::string());
+  env.set("PLAIT_TCP_CONGESTION", "reno");
+  CHECK(config_from_env().host_congestion == "reno");
   const std::pair<const char*, const char*> bad[] = {{"PLAIT_SLICE_BYTES", "32"},
                                                      {"PLAIT_SLICE_BYTES", "65M"},
                                                      {"PLAIT_COPY_SLICE_BYTES", "0"},
@@ -245,7 +252,9 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
                                                      {"PLAIT_PROGRESS", ""},
                                                      {"PLAIT_SINGLE_COPY", "yes"},
                                                      {"PLAIT_STREAM_BYTES", "0"},
-                                                     {"PLAIT_STREAM_BYTES", "never"}};
+                                                     {"PLAIT_STREAM_BYTES", "never"},
+                                                     {"PLAIT_TCP_CONGESTION", "no-such-algorithm"},
+                                                     {"PLAIT_TCP_CONGESTION", ""}};
   for (auto [name, value] : bad) {
     CAPTURE(name, value);
     scoped_env one;

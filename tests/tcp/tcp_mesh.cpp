@@ -1,11 +1,16 @@
 // The TCP transport between real processes: full meshes of 2 to 8 ranks exchanging
-// recognisable slots of every size, and a bulk transfer through large slots.
+// recognisable slots of every size, a bulk transfer through large slots, and the
+// congestion control of links on this host.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <plait/transport/tcp.hpp>
 #include <support/file_bootstrap.hpp>
@@ -99,7 +104,66 @@ std::string bulk_rank(const std::filesystem::path& dir, int rank, std::size_t sl
   return buf;
 }
 
+// Each rank connects with host_congestion `wanted` and reports the congestion control
+// of its sockets ("<peer>=<name>" each), after moving a few slots through them.
+std::string congestion_rank(const std::filesystem::path& dir, int rank, int n, const std::string& wanted) {
+  plait::testing::file_bootstrap ctx(dir, rank, n);
+  plait::detail::doorbell bell;
+  bell.set_spin(plait::detail::doorbell::oversubscribed_spin);
+  plait::link_config cfg{1000, 4, 30s};
+  cfg.host_congestion = wanted;
+  const auto peers = plait::testing::all_but(rank, n);
+  auto links = plait::transport::tcp::connect(ctx, bell, cfg, peers);
+  const auto& set = dynamic_cast<const plait::transport::tcp_detail::tcp_link_set&>(*links);
+  std::string report;
+  for (int p : peers) report += std::to_string(p) + "=" + set.congestion(p) + " ";
+  if (auto bad = plait::testing::exchange_all(*links, bell, rank, peers, 50, 60s); !bad.empty())
+    throw std::runtime_error(bad);
+  return report;
+}
+
+// The first line of a file under /proc/sys/net/ipv4, or "".
+std::string ipv4_setting(const std::string& name) {
+  std::ifstream f("/proc/sys/net/ipv4/" + name);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
 }  // namespace
+
+TEST_CASE("tcp links on this host run under link_config::host_congestion, or the system's when it is empty",
+          "[tcp][mesh]") {
+  const std::string system = ipv4_setting("tcp_congestion_control");
+  REQUIRE_FALSE(system.empty());
+  // Another algorithm this process may select besides the system's and reno, when
+  // there is one (cubic as root on Debian): any name is seen to take effect.
+  std::string other;
+  std::istringstream available(ipv4_setting("tcp_available_congestion_control"));
+  for (std::string name; available >> name && other.empty();) {
+    if (name == system || name == "reno") continue;
+    const plait::detail::fd_handle probe(::socket(AF_INET, SOCK_STREAM, 0));
+    if (plait::detail::set_congestion(probe.get(), name) == 0) other = name;
+  }
+  CAPTURE(system, other);
+  std::vector<std::pair<std::string, std::string>> cases = {{plait::link_config{}.host_congestion, "reno"},
+                                                            {"", system}};
+  if (!other.empty()) cases.emplace_back(other, other);
+  for (const auto& [wanted, expected] : cases) {
+    CAPTURE(wanted);
+    temp_dir dir;
+    const auto out = run_forked(
+        3, [&](int r) { return congestion_rank(dir.path, r, 3, wanted); }, 60s);
+    for (const auto& o : out) {
+      INFO(o.describe());
+      CHECK(o.ok());
+      int links = 0;
+      std::istringstream words(o.report);
+      for (std::string w; words >> w; ++links) CHECK(w.substr(w.find('=') + 1) == expected);
+      CHECK(links == 2);
+    }
+  }
+}
 
 TEST_CASE("tcp full mesh: every rank streams 500 slots of every size to every peer, in order", "[tcp][mesh]") {
   const int n = GENERATE(2, 3, 4, 8);

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -107,6 +108,16 @@ struct comm_config {
   // Let a transport that can (shm: CMA) have peers copy large plain sends straight
   // from this rank's memory (link_config::single_copy; PLAIT_SINGLE_COPY).
   bool single_copy = true;
+  // Congestion control of network links that stay on this host (link_config::
+  // host_congestion; PLAIT_TCP_CONGESTION, `system`: empty, the system's). Unset until
+  // communicator::create resolves it with host_congestion_for.
+  std::optional<std::string> host_congestion;
+  // The default: link_config's (reno) with a core per rank; the system's with more
+  // ranks than cores, where unpaced frames wake a sleeping peer more often than paced
+  // ones (docs/performance.md, "TCP on one host: reno, not a paced congestion control").
+  static std::string host_congestion_for(int ranks) {
+    return more_ranks_than_cores(ranks) ? std::string() : link_config{}.host_congestion;
+  }
   // PLAIT_SINGLE_COPY=always: lend every plain copy the transport can, at any size
   // (tests and measurements; executor::lending_pays is the default).
   bool lend_always = false;

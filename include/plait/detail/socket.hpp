@@ -25,6 +25,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -183,6 +184,36 @@ inline bool is_loopback_address(const std::string& host_text) {
     return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
   }
   return false;
+}
+
+// Whether a connected socket's bytes never leave this host: its peer's address is a
+// loopback one, or the address of its own end (a rank that reached this host's own
+// address). Such a connection runs over the loopback device; false when unknown.
+inline bool stays_on_host(int fd) {
+  sockaddr_storage mine{}, theirs{};
+  socklen_t mine_len = sizeof mine, theirs_len = sizeof theirs;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirs_len) != 0)
+    return false;
+  const std::string peer = address_text(theirs);
+  return is_loopback_address(peer) || peer == address_text(mine);
+}
+
+// TCP congestion control on one socket (TCP_CONGESTION): selects `name`; returns 0,
+// or the errno of the refusal (ENOENT: not in this kernel; EPERM: not in
+// net.ipv4.tcp_allowed_congestion_control, which binds processes without
+// CAP_NET_ADMIN).
+inline int set_congestion(int fd, const std::string& name) noexcept {
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size())) == 0) return 0;
+  return errno;
+}
+
+// The congestion control a socket uses, or "" when the kernel does not say.
+inline std::string congestion_of(int fd) {
+  char name[32] = {};  // TCP_CA_NAME_MAX 16
+  socklen_t len = sizeof name - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return {};
+  return std::string(name, ::strnlen(name, len));
 }
 
 // getaddrinfo as an owning list. EAI_AGAIN (temporary) is reported as nullptr so

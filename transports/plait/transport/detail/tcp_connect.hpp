@@ -47,6 +47,14 @@ inline void widen_buffers(int fd) noexcept {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
 
+// A link that stays on this host runs under cfg.host_congestion (none: the system's).
+// Best effort: a kernel that refuses keeps its default (a name the user chose was
+// already tried at start-up: communicator.hpp, config_from_env).
+inline void choose_congestion(int fd, const link_config& cfg) {
+  if (!cfg.host_congestion.empty() && plait::detail::stays_on_host(fd))
+    (void)plait::detail::set_congestion(fd, cfg.host_congestion);
+}
+
 inline tcp_hello make_hello(int rank, int peer, const link_config& cfg) {
   tcp_hello h;
   h.rank = rank;
@@ -286,7 +294,10 @@ inline socket_list connect_mesh(bootstrap_context& ctx, const link_config& cfg, 
   if (acceptor)
     for (auto& s : acceptor->wait()) sockets.push_back(std::move(s));
   acceptor.reset();
-  for (auto& [peer, fd] : sockets) widen_buffers(fd.get());
+  for (auto& [peer, fd] : sockets) {
+    widen_buffers(fd.get());
+    choose_congestion(fd.get(), cfg);
+  }
   return sockets;
 }
 

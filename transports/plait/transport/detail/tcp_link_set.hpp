@@ -133,6 +133,10 @@ class tcp_link_set final : public link_set {
     return link(peer).socket_reads();
   }
 
+  // Diagnostics: the congestion control of the socket to `peer` ("" when the kernel
+  // does not say).
+  std::string congestion(int peer) const { return plait::detail::congestion_of(link(peer).fd()); }
+
   void detach() noexcept override {
     std::lock_guard lock(io_mutex_);
     for (auto& l : links_) l->detach();
