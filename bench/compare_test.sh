@@ -33,11 +33,13 @@ speed = {"plait": 2.5, "tcp-ceiling": 3.0, "shm-ceiling": 3.0}.get(lib, 1.2 if h
 speed = float(os.environ.get("FAKE_SPEED_" + lib.upper().replace("-", "_"), speed))
 factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(o["-o"], (n - 1) / n)
 rows = []
+calls = int(o["-w"]) + int(o["-n"])
 for s in sizes:
     busbw = speed * s / (s + 65536) * 10
     t = s / (busbw / factor * 1e9) * 1e6
     rows.append({"bytes": s, "count": s // 4, "root": 0, "time_us": t, "algbw": busbw / factor, "busbw": busbw,
-                 "wrong": 0, "minflt": 0 if lib == "plait" else 1.5, "bound_gbps": 12.0 if lib == "plait" else 0})
+                 "wrong": 0, "minflt": 0 if lib == "plait" else 1.5, "bound_gbps": 12.0 if lib == "plait" else 0,
+                 "calls_us": ([3 * t, 2 * t] + [t] * calls)[:calls]})
 doc = {"library": lib, "version": "0.fake", "collective": o["-o"], "algorithm": o.get("-a", "auto"),
        "transport": transport, "ranks": n, "type": "float", "redop": "sum",
        "settings": "fake" + (" hugetlb" if hugetlb else ""), "warmup": int(o["-w"]), "iters": int(o["-n"]),
@@ -172,4 +174,13 @@ FAKE_SPEED_PLAIT=1.2 FAKE_SPEED_SHM_CEILING=1.5 "$here/compare" --build "$tmp/bu
   --sizes 16M --rounds 1 --warmup 0 --iters 1 2>"$tmp/cap.err" || { cat "$tmp/cap.err" >&2; fail "shm ceiling compare exited $?"; }
 grep -q '^- 3\. shm all_gather .*n=2 16M vs openmpi+hugetlb 1.00 (<1.5; ceiling 1.25, beyond it).*→ \*\*not met\*\* (1 of the 1 failing points beyond the ceiling)$' \
   "$out/compare.md" || fail "an shm target beyond the ceiling is not said so"
+# 5. The first calls of each run against its median (calls_us): call 1, call 2 and the last
+#    warm-up call; the fakes' first two calls take 3x and 2x the rest.
+out=$tmp/first
+"$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" --out "$out" --libraries plait,openmpi \
+  --transports tcp --ranks 2 --collectives broadcast --sizes 1M --rounds 1 --warmup 3 --iters 2 2>"$tmp/first.err" ||
+  { cat "$tmp/first.err" >&2; fail "first-calls compare exited $?"; }
+grep -q '^| first calls (us) | plait | openmpi | openmpi+hugetlb |$' "$out/compare.md" || fail "no first-calls table"
+grep -q '^| 1M | 134 / 89 / 45 → 45 | 334 / 223 / 111 → 111 | 279 / 186 / 93 → 93 |$' "$out/compare.md" ||
+  fail "the first-calls row is wrong"
 echo "compare_test: OK"

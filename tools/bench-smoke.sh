@@ -19,6 +19,10 @@ for t in shm tcp; do
   done
 done
 python3 -m json.tool "$out/plait.json" >/dev/null
+# Every row lists rank 0's time of each call, the warm-up call first (-w 1 -n 3).
+python3 -c 'import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+assert rows and all(len(r["calls_us"]) == 4 and min(r["calls_us"]) > 0 for r in rows), rows' "$out/plait.json"
 echo "== plait-bench: every algorithm by name, 4 ranks"
 for a in ring tree recursive_doubling; do
   "$build/tools/plaitrun" -n 4 "$build/bench/plait-bench" -t shm -o all_reduce -a "$a" "${small[@]}"

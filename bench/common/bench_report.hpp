@@ -12,6 +12,8 @@
 // (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast,
 // reduce 1). minflt is the minor page faults per timed call (getrusage, maximum
 // over ranks): after warm-up it should be 0 for a library that keeps its buffers.
+// The JSON also lists rank 0's own time of every call of a size, warm-up first
+// (calls_us): a fresh process's first calls against the median.
 // Only rank 0 prints; progress (which size, how far) goes to stderr.
 // Not thread-safe; no plait dependency.
 #pragma once
@@ -201,11 +203,19 @@ inline void map_code_in() {
   (void)done;
 }
 
-// What time_calls measured: each timed call's time in µs, and the minor page faults
-// the timed calls took (the whole process, every thread).
+// What time_calls measured: each timed call's time in µs, each warm-up call's, and the
+// minor page faults the timed calls took (the whole process, every thread).
 struct timed_calls {
   std::vector<double> us;
+  std::vector<double> warmup_us;
   long faults = 0;
+
+  // Every call in the order it ran, warm-up first (row::calls_us).
+  std::vector<double> all() const {
+    std::vector<double> v(warmup_us);
+    v.insert(v.end(), us.begin(), us.end());
+    return v;
+  }
 };
 
 // Runs `warmup` calls, then `sync()` (a barrier), then `iters` timed calls, all
@@ -231,6 +241,7 @@ timed_calls time_calls(int warmup, int iters, Call&& call, Sync&& sync) {
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
   r.faults = minor_faults() - before;
+  r.warmup_us.assign(r.us.begin(), r.us.begin() + warmup);
   r.us.erase(r.us.begin(), r.us.begin() + warmup);
   return r;
 }
@@ -248,6 +259,9 @@ struct row {
   long long wrong = -1;   // -1: not checked
   double minflt = 0;      // minor page faults per timed call
   double bound_gbps = 0;  // the bound this size is compared with (0: none)
+  // The printing rank's own time of every call of this size, warm-up first (JSON only):
+  // how a fresh process's first calls compare with the median.
+  std::vector<double> calls_us;
 };
 
 // Prints the table (and writes the JSON) on rank 0.
@@ -350,9 +364,11 @@ class report {
       const row& r = rows_[i];
       std::fprintf(f,
                    "%s\n  {\"bytes\": %zu, \"count\": %zu, \"root\": %d, \"time_us\": %.6g, \"algbw\": %.6g, "
-                   "\"busbw\": %.6g, \"wrong\": %lld, \"minflt\": %.6g, \"bound_gbps\": %.6g}",
+                   "\"busbw\": %.6g, \"wrong\": %lld, \"minflt\": %.6g, \"bound_gbps\": %.6g, \"calls_us\": [",
                    i ? "," : "", r.bytes, r.count, r.root, r.time_us, r.algbw, r.busbw, r.wrong, r.minflt,
                    r.bound_gbps);
+      for (std::size_t k = 0; k < r.calls_us.size(); ++k) std::fprintf(f, "%s%.1f", k ? ", " : "", r.calls_us[k]);
+      std::fprintf(f, "]}");
     }
     std::fprintf(f, "\n]}\n");
     return std::fclose(f) == 0;

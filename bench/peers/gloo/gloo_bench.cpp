@@ -145,6 +145,7 @@ class rank_bench {
         bad += static_cast<long long>(st[2]);
       }
       r.wrong = o_.check ? bad : -1;
+      r.calls_us = t.all();
       rep.add(r);
     }
     barrier.run();  // nobody closes its connections while a peer still talks to it
