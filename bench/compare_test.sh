@@ -175,12 +175,22 @@ FAKE_SPEED_PLAIT=1.2 FAKE_SPEED_SHM_CEILING=1.5 "$here/compare" --build "$tmp/bu
 grep -q '^- 3\. shm all_gather .*n=2 16M vs openmpi+hugetlb 1.00 (<1.5; ceiling 1.25, beyond it).*→ \*\*not met\*\* (1 of the 1 failing points beyond the ceiling)$' \
   "$out/compare.md" || fail "an shm target beyond the ceiling is not said so"
 # 5. The first calls of each run against its median (calls_us): call 1, call 2 and the last
-#    warm-up call; the fakes' first two calls take 3x and 2x the rest.
+#    warm-up call (the 30th at 64K, the 3rd at 1M); the fakes' first two calls take 3x and
+#    2x the rest; the ceiling has no column.
 out=$tmp/first
-"$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" --out "$out" --libraries plait,openmpi \
-  --transports tcp --ranks 2 --collectives broadcast --sizes 1M --rounds 1 --warmup 3 --iters 2 2>"$tmp/first.err" ||
+"$here/compare" --build "$tmp/build" --mpi-run "$tmp/run.sh" --out "$out" --libraries plait,openmpi,tcp-ceiling \
+  --transports tcp --ranks 2 --collectives broadcast --sizes 64K,1M --rounds 1 --warmup 3 --iters 2 2>"$tmp/first.err" ||
   { cat "$tmp/first.err" >&2; fail "first-calls compare exited $?"; }
 grep -q '^| first calls (us) | plait | openmpi | openmpi+hugetlb |$' "$out/compare.md" || fail "no first-calls table"
-grep -q '^| 1M | 134 / 89 / 45 → 45 | 334 / 223 / 111 → 111 | 279 / 186 / 93 → 93 |$' "$out/compare.md" ||
-  fail "the first-calls row is wrong"
+grep -q '^| 64K | 16 / 10 / 5 → 5 | 39 / 26 / 13 → 13 | 33 / 22 / 11 → 11 |$' "$out/compare.md" &&
+  grep -q '^| 1M | 134 / 89 / 45 → 45 | 334 / 223 / 111 → 111 | 279 / 186 / 93 → 93 |$' "$out/compare.md" ||
+  fail "a first-calls row is wrong"
+# ... and --from-raw rebuilds the same tables from raw/ without running anything.
+cp "$out/compare.md" "$tmp/first.md"
+rm "$tmp/build/bench/plait-bench"  # nothing may run
+"$here/compare" --from-raw --build "$tmp/build" --mpi-run "$tmp/run.sh" --out "$out" --libraries plait,openmpi,tcp-ceiling \
+  --transports tcp --ranks 2 --collectives broadcast --sizes 64K,1M --rounds 1 --warmup 3 --iters 2 2>"$tmp/raw.err" ||
+  { cat "$tmp/raw.err" >&2; fail "compare --from-raw exited $?"; }
+diff <(grep '^|' "$tmp/first.md") <(grep '^|' "$out/compare.md") >/dev/null || fail "--from-raw gave other tables"
+grep -q -- '--from-raw' "$out/compare.md" || fail "a rebuilt compare.md does not say so"
 echo "compare_test: OK"
