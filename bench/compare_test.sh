@@ -187,8 +187,8 @@ grep -q '^| 64K | 16 / 10 / 5 → 5 | 39 / 26 / 13 → 13 | 33 / 22 / 11 → 11 
   fail "a first-calls row is wrong"
 # ... and --from-raw rebuilds the same tables from raw/ without running anything.
 cp "$out/compare.md" "$tmp/first.md"
-rm "$tmp/build/bench/plait-bench"  # nothing may run
-"$here/compare" --from-raw --build "$tmp/build" --mpi-run "$tmp/run.sh" --out "$out" --libraries plait,openmpi,tcp-ceiling \
+rm "$tmp/build/bench/plait-bench" "$tmp/build/bench/tcp-ceiling"  # nothing may run: no benchmark, no MPI launcher
+"$here/compare" --from-raw --build "$tmp/build" --mpi-run "$tmp/no-run.sh" --out "$out" --libraries plait,openmpi,tcp-ceiling \
   --transports tcp --ranks 2 --collectives broadcast --sizes 64K,1M --rounds 1 --warmup 3 --iters 2 2>"$tmp/raw.err" ||
   { cat "$tmp/raw.err" >&2; fail "compare --from-raw exited $?"; }
 diff <(grep '^|' "$tmp/first.md") <(grep '^|' "$out/compare.md") >/dev/null || fail "--from-raw gave other tables"

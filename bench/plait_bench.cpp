@@ -184,11 +184,11 @@ struct bench_run {
       fill(count);
       const bench::timed_calls t = bench::time_calls(
           o.warmup, o.iters, [&] { once(count); }, [&] { plait::barrier(comm); });
-      double stats[2] = {bench::median(t.us), static_cast<double>(t.faults) / o.iters};
+      double stats[2] = {bench::median(t.us()), static_cast<double>(t.faults) / o.iters};
       plait::all_reduce<plait::ring>(comm, std::span<double>(stats, 2), plait::max{});
       r.time_us = stats[0];
       r.minflt = stats[1];
-      r.calls_us = t.all();
+      r.calls_us = t.calls;
       if (o.check) {
         fill(count);
         once(count);

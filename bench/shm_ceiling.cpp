@@ -421,7 +421,7 @@ int run(const bench::ranks::team& team, int ranks, const bench::options& o, shar
       std::fill(dst.begin(), dst.end(), 0.0f);
       const bench::timed_calls t = bench::time_calls(
           o.warmup, o.iters, [&] { st.call(o.op, bytes, s); }, [&] { team.ctl.barrier(); });
-      bench::ranks::result got{bench::median(t.us), t.faults, o.check != 0 ? wrong_elements(o.op, st, bytes) : 0};
+      bench::ranks::result got{bench::median(t.us()), t.faults, o.check != 0 ? wrong_elements(o.op, st, bytes) : 0};
       team.ctl.gather(got);
       if (rank == 0) {
         if (!tried || got.median < best) {

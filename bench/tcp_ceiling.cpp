@@ -404,7 +404,7 @@ int run(int rank, int ranks, int cpus, const bench::options& o, const control& c
               const bench::timed_calls t = bench::time_calls(
                   o.warmup, o.iters, [&] { one_call(p, rank, src.data(), dst.data(), bounce.data(), s); },
                   [&] { ctl.barrier(); });
-              bench::ranks::result got{bench::median(t.us), t.faults, 0};
+              bench::ranks::result got{bench::median(t.us()), t.faults, 0};
               ctl.gather(got);
               const double slowest = got.median;
               const long most_faults = got.faults;

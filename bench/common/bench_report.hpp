@@ -203,19 +203,15 @@ inline void map_code_in() {
   (void)done;
 }
 
-// What time_calls measured: each timed call's time in µs, each warm-up call's, and the
+// What time_calls measured: every call's time in µs, the warm-up calls first, and the
 // minor page faults the timed calls took (the whole process, every thread).
 struct timed_calls {
-  std::vector<double> us;
-  std::vector<double> warmup_us;
+  std::vector<double> calls;
+  std::size_t warmup = 0;
   long faults = 0;
 
-  // Every call in the order it ran, warm-up first (row::calls_us).
-  std::vector<double> all() const {
-    std::vector<double> v(warmup_us);
-    v.insert(v.end(), us.begin(), us.end());
-    return v;
-  }
+  // The timed calls alone.
+  std::vector<double> us() const { return {calls.begin() + static_cast<std::ptrdiff_t>(warmup), calls.end()}; }
 };
 
 // Runs `warmup` calls, then `sync()` (a barrier), then `iters` timed calls, all
@@ -228,8 +224,8 @@ template <class Call, class Sync>
 timed_calls time_calls(int warmup, int iters, Call&& call, Sync&& sync) {
   map_code_in();
   timed_calls r;
-  r.us.resize(static_cast<std::size_t>(warmup + iters));
-  r.warmup_us.reserve(static_cast<std::size_t>(warmup));  // filled at the end: no allocation after sync()
+  r.calls.resize(static_cast<std::size_t>(warmup + iters));
+  r.warmup = static_cast<std::size_t>(warmup);
   long before = 0;
   for (int i = 0; i < warmup + iters; ++i) {
     if (i == warmup) {
@@ -238,12 +234,10 @@ timed_calls time_calls(int warmup, int iters, Call&& call, Sync&& sync) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     call();
-    r.us[static_cast<std::size_t>(i)] =
+    r.calls[static_cast<std::size_t>(i)] =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
   r.faults = minor_faults() - before;
-  r.warmup_us.assign(r.us.begin(), r.us.begin() + warmup);
-  r.us.erase(r.us.begin(), r.us.begin() + warmup);
   return r;
 }
 

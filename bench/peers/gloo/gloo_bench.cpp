@@ -121,7 +121,7 @@ class rank_bench {
       const bench::timed_calls t = bench::time_calls(
           o_.warmup, o_.iters, [&] { alg->run(); }, [&] { barrier.run(); });
       stat_in_[1] = static_cast<double>(t.faults) / o_.iters;
-      stat_in_[0] = bench::median(t.us);
+      stat_in_[0] = bench::median(t.us());
       stat_in_[2] = 0;
       if (o_.check) {
         // The barrier keeps a fast neighbour from writing its check data into
@@ -145,7 +145,7 @@ class rank_bench {
         bad += static_cast<long long>(st[2]);
       }
       r.wrong = o_.check ? bad : -1;
-      r.calls_us = t.all();
+      r.calls_us = t.calls;
       rep.add(r);
     }
     barrier.run();  // nobody closes its connections while a peer still talks to it

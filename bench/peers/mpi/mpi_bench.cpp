@@ -142,12 +142,12 @@ class mpi_bench {
     const bench::timed_calls t = bench::time_calls(
         o_.warmup, o_.iters, [&] { once(count); }, [] { MPI_Barrier(MPI_COMM_WORLD); });
     double faults = static_cast<double>(t.faults) / o_.iters;
-    double med = bench::median(t.us);
+    double med = bench::median(t.us());
     MPI_Allreduce(MPI_IN_PLACE, &med, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &faults, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     r.time_us = med;
     r.minflt = faults;
-    r.calls_us = t.all();
+    r.calls_us = t.calls;
     if (o_.check) {
       fill(count);
       once(count);
