@@ -150,6 +150,15 @@ struct bench_run {
     return (mine.empty() ? std::string("the system's") : mine) + " (system: " + bench::system_congestion() + ")";
   }
 
+  // The broadcast chain, where the ranks are grouped by CPU (comm_config::chain).
+  std::string chain() const {
+    const auto& c = comm.core().config().chain;
+    if (c.empty()) return {};
+    std::string s = ", broadcast chain";
+    for (std::size_t i = 0; i < c.size(); ++i) s += (i == 0 ? " " : "-") + std::to_string(c[i]);
+    return s + " (ranks grouped by CPU)";
+  }
+
   void run() {
     const int n = comm.size();
     const std::size_t max_count = std::max<std::size_t>(o.max_bytes / sizeof(T), 1);
@@ -158,7 +167,7 @@ struct bench_run {
     const bool shm = o.transport == "shm";
     bench::report rep(o, "plait", "0.1", n,
                       "algorithm " + o.algo + (comm.core().config().one_host ? " (all ranks on one host)" : "") +
-                          ", slice " + std::to_string(comm.slice_bytes()) + " B (broadcast, send/recv " +
+                          chain() + ", slice " + std::to_string(comm.slice_bytes()) + " B (broadcast, send/recv " +
                           std::to_string(comm.copy_slice_bytes()) + " B" +
                           (shm ? "" : ", all_gather " + std::to_string(comm.gather_slice_bytes()) + " B") +
                           "), depth " + std::to_string(comm.pipeline_depth()) +

@@ -9,9 +9,11 @@
 // group so that stopping it stops what it started. SIGINT and SIGTERM are forwarded.
 // When a rank fails, the others get PLAIT_GRACE seconds (default 5; --grace wins) to
 // report their own errors, then SIGTERM, then SIGKILL one second later.
-// Where the ranks fit in the CPUs plaitrun may use, each is bound to one of them
-// (--bind core, the default), as MPI launchers do: left to the scheduler, two busy
-// ranks sometimes share a core for a whole run (docs/performance.md, "Binding").
+// Each rank is bound to one of the CPUs plaitrun may use (--bind core, the default),
+// round robin when there are more ranks than CPUs, as MPI launchers do: left to the
+// scheduler, two busy ranks sometimes share a core for a whole run, and oversubscribed
+// ranks settle into placements that differ by up to 1.8x from run to run
+// (docs/performance.md, "Binding ranks to cores", "Oversubscribed ranks bound round robin").
 #include <fcntl.h>
 #include <sched.h>
 #include <poll.h>
@@ -48,9 +50,9 @@ constexpr const char* usage_text =
     "  --grace SECONDS  after a rank fails, how long the others may run to report their\n"
     "                   own errors before they are stopped (SIGTERM, then SIGKILL one\n"
     "                   second later); decimals allowed; default PLAIT_GRACE or 5\n"
-    "  --bind MODE      core: where N is at most the number of CPUs plaitrun may run on,\n"
-    "                   rank r runs on the r-th of them only (with more ranks, on all);\n"
-    "                   none: every rank on all of them; default PLAIT_BIND or core\n"
+    "  --bind MODE      core: rank r runs only on the r-th of the C CPUs plaitrun may run\n"
+    "                   on, counting round (r mod C) when there are more ranks than\n"
+    "                   CPUs; none: every rank on all of them; default PLAIT_BIND or core\n"
     "  -h, --help       this text\n"
     "\n"
     "plaitrun serves the bootstrap store on 127.0.0.1 with a fresh token for the job and\n"
@@ -224,12 +226,13 @@ int main(int argc, char** argv) {
   }
   const std::string store = "127.0.0.1:" + std::to_string(server->port());
 
-  // ---- one CPU per rank, where they fit (the CPUs this process may use, in order)
+  // ---- one CPU per rank: the CPUs this process may use, in order, round robin
   std::vector<int> cpu_of;
-  if (cpu_set_t allowed; bind.value_or("core") == "core" && ::sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
-                         CPU_COUNT(&allowed) >= n) {
-    for (int c = 0; c < CPU_SETSIZE && static_cast<int>(cpu_of.size()) < n; ++c)
-      if (CPU_ISSET(c, &allowed)) cpu_of.push_back(c);
+  if (cpu_set_t allowed; bind.value_or("core") == "core" && ::sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    for (int r = 0; r < n && !cpus.empty(); ++r) cpu_of.push_back(cpus[static_cast<std::size_t>(r) % cpus.size()]);
   }
 
   // ---- environment and argv for the ranks, built before forking

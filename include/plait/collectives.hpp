@@ -115,6 +115,7 @@ struct call_builder {
     p.root = root;
     p.count = count;
     p.slice_elems = slice_elems();
+    p.chain = core.config().chain;
     return p;
   }
 
@@ -202,13 +203,17 @@ std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ra
 }
 
 // broadcast: direct on 3 or more ranks where every peer reads one staged copy
-// (automatic::broadcast_direct_from_bytes), else the tree below tree_below_bytes and
-// the ring above.
+// (automatic::broadcast_direct_from_bytes); the ring at every size where the
+// communicator has a chain of ranks grouped by CPU (`chained`: comm_config::chain,
+// ranks bound to shared CPUs, where the tree's small calls took 4x as long:
+// docs/performance.md, "Oversubscribed ranks bound round robin"); else the tree below
+// tree_below_bytes and the ring above.
 template <class Algo>
-std::uint8_t pick_broadcast(std::size_t bytes, int ranks, bool shares_copies = false) {
+std::uint8_t pick_broadcast(std::size_t bytes, int ranks, bool shares_copies = false, bool chained = false) {
   check_algorithm_id<Algo>();
   if constexpr (std::is_same_v<Algo, automatic>) {
     if (shares_copies && ranks >= 3 && bytes >= automatic::broadcast_direct_from_bytes) return direct::id;
+    if (chained) return ring::id;
     return bytes < automatic::tree_below_bytes ? tree::id : ring::id;
   } else {
     return Algo::id;

@@ -13,9 +13,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -102,6 +105,11 @@ inline comm_config config_from_env() {
     else
       cfg.host_congestion = congestion_this_kernel_takes(s);
   }
+  if (const char* v = std::getenv("PLAIT_CHAIN")) {
+    const std::string_view s(v);
+    if (s != "cpus" && s != "ranks") throw bad_env("PLAIT_CHAIN", s, "cpus or ranks");
+    cfg.chain_by_cpu = s == "cpus";
+  }
   if (const char* v = std::getenv("PLAIT_STREAM_BYTES")) {
     if (std::string_view(v) == "off")
       cfg.stream_from_bytes = std::numeric_limits<std::size_t>::max();
@@ -145,7 +153,7 @@ class communicator {
     agree_on_config(*ctx, cfg, deadline);
     cfg.network = Transport::traits.network;
     if (cfg.network && size > 1) {
-      cfg.one_host = agree_on_one_host(*ctx, deadline);
+      agree_on_placement(*ctx, cfg, deadline);
       if (cfg.one_host && !Transport::traits.network_on_one_host)
         cfg.network = false;  // a hybrid on one host: all local
     }
@@ -290,24 +298,65 @@ class communicator {
     }
   }
 
-  // Whether every rank has this rank's host identity: rank 0 reads each rank's and
-  // tells the rest (one record per rank, n - 1 reads on rank 0, one on the others).
-  static bool agree_on_one_host(bootstrap_context& ctx, clock::time_point deadline) {
+  // Whether every rank has this rank's host identity (cfg.one_host) and, on one host,
+  // the chain that keeps ranks sharing a CPU together (cfg.chain): rank 0 reads each
+  // rank's CPU and host identity and tells the rest (one record per rank, n - 1 reads
+  // on rank 0, one on the others). The verdict record is one byte (one host or not),
+  // then the chain, n ranks as 4-byte integers, or nothing.
+  static void agree_on_placement(bootstrap_context& ctx, detail::comm_config& cfg, clock::time_point deadline) {
     const std::string me = ctx.host_id();
+    const int n = ctx.size();
+    auto chain_from = [&](std::span<const std::byte> rec) {
+      if (rec.size() != 1 && rec.size() != 1 + 4 * static_cast<std::size_t>(n))
+        throw error(errc::protocol, "malformed one-host record from rank 0", ctx.rank(), 0);
+      cfg.one_host = rec[0] == std::byte{1};
+      cfg.chain.assign(rec.size() > 1 ? static_cast<std::size_t>(n) : 0, 0);
+      for (std::size_t i = 0; i < cfg.chain.size(); ++i) {
+        std::int32_t r;
+        std::memcpy(&r, rec.data() + 1 + 4 * i, 4);
+        cfg.chain[i] = r;
+      }
+    };
     if (ctx.rank() != 0) {
-      ctx.put("host/" + std::to_string(ctx.rank()), std::as_bytes(std::span(me.data(), me.size())));
-      auto got = ctx.get("one-host", deadline);
-      if (got.size() != 1) throw error(errc::protocol, "malformed one-host record from rank 0", ctx.rank(), 0);
-      return got[0] == std::byte{1};
+      std::string rec(4, '\0');
+      const std::int32_t cpu = detail::bound_cpu();
+      std::memcpy(rec.data(), &cpu, 4);
+      rec += me;
+      ctx.put("place/" + std::to_string(ctx.rank()), std::as_bytes(std::span(rec.data(), rec.size())));
+      chain_from(ctx.get("one-host", deadline));
+      return;
     }
     bool same = true;
-    for (int p = 1; p < ctx.size(); ++p) {
-      auto got = ctx.get("host/" + std::to_string(p), deadline);
-      same = same && std::string_view(reinterpret_cast<const char*>(got.data()), got.size()) == me;
+    std::vector<int> cpu(static_cast<std::size_t>(n), -1);
+    cpu[0] = detail::bound_cpu();
+    for (int p = 1; p < n; ++p) {
+      auto got = ctx.get("place/" + std::to_string(p), deadline);
+      if (got.size() < 4)
+        throw error(errc::protocol, "malformed placement record from rank " + std::to_string(p), 0, p);
+      std::int32_t c;
+      std::memcpy(&c, got.data(), 4);
+      cpu[static_cast<std::size_t>(p)] = c;
+      same = same && std::string_view(reinterpret_cast<const char*>(got.data()) + 4, got.size() - 4) == me;
     }
-    const std::byte verdict{static_cast<unsigned char>(same ? 1 : 0)};
-    ctx.put("one-host", std::span(&verdict, 1));
-    return same;
+    // Grouped by CPU only where every rank is bound to one and some CPU has two or more.
+    std::vector<int> by_cpu = cpu;
+    std::sort(by_cpu.begin(), by_cpu.end());
+    const bool grouped = same && cfg.chain_by_cpu && by_cpu.front() >= 0 &&
+                         std::adjacent_find(by_cpu.begin(), by_cpu.end()) != by_cpu.end();
+    std::vector<std::byte> rec(1, std::byte{static_cast<unsigned char>(same ? 1 : 0)});
+    if (grouped) {
+      std::vector<int> chain(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) chain[static_cast<std::size_t>(r)] = r;
+      std::stable_sort(chain.begin(), chain.end(), [&](int a, int b) {
+        return cpu[static_cast<std::size_t>(a)] < cpu[static_cast<std::size_t>(b)];
+      });
+      for (const std::int32_t r : chain) {
+        const auto* b = reinterpret_cast<const std::byte*>(&r);
+        rec.insert(rec.end(), b, b + 4);
+      }
+    }
+    ctx.put("one-host", rec);
+    chain_from(rec);
   }
 
   std::unique_ptr<detail::comm_core> core_;

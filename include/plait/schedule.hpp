@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -126,7 +127,27 @@ struct schedule_params {
   int root = 0;
   std::size_t count = 0;        // see each collective for what count means
   std::size_t slice_elems = 1;  // max elements per step
+  // Every rank once, in the order a chain through them should take (from the root on,
+  // wrapping round), or empty: rank order. The communicator sets it where ranks that
+  // share a CPU are better next to each other (comm_config::chain); ring::broadcast
+  // follows it.
+  std::span<const int> chain{};
 };
+
+// The rank `pos` places after the root along p.chain (rank order when it is empty).
+inline int chain_rank(const schedule_params& p, int pos) noexcept {
+  const int n = p.size;
+  if (p.chain.empty()) return (p.root + pos) % n;
+  int at_root = 0;
+  while (p.chain[static_cast<std::size_t>(at_root)] != p.root) ++at_root;
+  return p.chain[static_cast<std::size_t>((at_root + pos) % n)];
+}
+// And the place of `rank` after the root along it.
+inline int chain_pos(const schedule_params& p, int rank) noexcept {
+  for (int pos = 0; pos < p.size; ++pos)
+    if (chain_rank(p, pos) == rank) return pos;
+  return -1;
+}
 
 // Slices of [0, count): at least one (possibly empty) slice so that count 0 still
 // exchanges headers and a mismatch against it is caught.

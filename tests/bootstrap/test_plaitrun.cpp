@@ -223,7 +223,7 @@ TEST_CASE("plaitrun forwards SIGTERM to every rank", "[plaitrun]") {
   CHECK_THAT(p.err(), Catch::Contains("failed first (exit status 7)"));
 }
 
-TEST_CASE("plaitrun binds each rank to a CPU of its own where they fit, and not otherwise", "[plaitrun]") {
+TEST_CASE("plaitrun binds each rank to one CPU, round robin when there are more ranks than CPUs", "[plaitrun]") {
   cpu_set_t allowed;
   REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
   std::vector<int> cpus;
@@ -244,10 +244,15 @@ TEST_CASE("plaitrun binds each rank to a CPU of its own where they fit, and not 
                 std::to_string(cpus[static_cast<std::size_t>(r)]));
   CHECK(lines(bound.out()) == want);
 
-  process more({exe("PLAITRUN"), "-n", std::to_string(fit + 1), "/bin/sh", "-c", script});
+  // More ranks than CPUs: rank r on CPU r mod C, so every CPU carries the same number
+  // of ranks, give or take one.
+  const int more_ranks = 2 * fit + 1;
+  process more({exe("PLAITRUN"), "-n", std::to_string(more_ranks), "/bin/sh", "-c", script});
   REQUIRE(exit_code(more.finish(clock_type::now() + 20s)) == 0);
   want.clear();
-  for (int r = 0; r <= fit; ++r) want.insert("[" + std::to_string(r) + "] " + std::to_string(r) + " " + all);
+  for (int r = 0; r < more_ranks; ++r)
+    want.insert("[" + std::to_string(r) + "] " + std::to_string(r) + " " +
+                std::to_string(cpus[static_cast<std::size_t>(r % fit)]));
   CHECK(lines(more.out()) == want);
 
   for (const auto& [args, env] : std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{

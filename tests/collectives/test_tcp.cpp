@@ -1,4 +1,6 @@
 // Every collective x algorithm over TCP (DESIGN.md section 8).
+#include <sched.h>
+
 #include <plait/transport/tcp.hpp>
 
 #include "collectives/matrix.hpp"
@@ -59,6 +61,71 @@ TEST_CASE("over tcp the ranks agree whether they share one host, and take a 3-sl
         v{0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256});
   CHECK(agreed_hosts<tcp>([](int r) { return r == 0 ? "node-b" : "node-a"; }) ==
         v{0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256, 0, 1, 4, 4, 256, 256, 256});
+}
+
+namespace {
+
+// 3 ranks over tcp, bound (where `bound`) round robin to the first one or two CPUs
+// this test may use, as plaitrun binds them: per rank, the broadcast chain it agreed
+// on (comm_config::chain), then the number of broadcasts from each root, by the ring
+// and by `automatic`, whose data did not arrive whole.
+std::vector<std::vector<int>> chains_over_tcp(bool bound, const std::string& chain_env,
+                                              std::function<std::string(int)> host_id = {}) {
+  cpu_set_t allowed;
+  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  rank_options opt;
+  opt.chain = chain_env;
+  opt.host_id = std::move(host_id);
+  if (bound) opt.cpu = [cpus](int r) { return cpus[static_cast<std::size_t>(r) % cpus.size()]; };
+  constexpr int n = 3;
+  auto results = run_ranks<tcp>(
+      n,
+      [](plait::communicator<tcp>& c) {
+        std::vector<int> v = c.core().config().chain;
+        int wrong = 0;
+        for (const std::size_t count : {std::size_t{5000}, std::size_t{20000}})  // 3 slices; automatic's ring
+          for (int root = 0; root < c.size(); ++root) {
+            const auto want = exact_pattern<float>(root, count);
+            std::vector<float> ring = c.rank() == root ? want : std::vector<float>(count);
+            plait::broadcast<plait::ring>(c, std::span<float>(ring), root);
+            std::vector<float> any = c.rank() == root ? want : std::vector<float>(count);
+            plait::broadcast(c, std::span<float>(any), root);
+            wrong += (ring != want) + (any != want);
+          }
+        v.push_back(wrong);
+        return std::vector<blob>{to_blob(v)};
+      },
+      opt);
+  std::vector<std::vector<int>> got;
+  for (const auto& r : results) {
+    INFO(r.error);
+    REQUIRE(r.exit_status == 0);
+    got.push_back(from_blob<int>(r.blobs.at(0)));
+  }
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("over tcp on one host ranks that share a CPU are next to each other on the broadcast chain",
+          "[collectives][tcp][chain]") {
+  using v = std::vector<int>;
+  cpu_set_t allowed;
+  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  // Bound round robin to two CPUs, ranks 0 and 2 share one: the chain is 0-2-1 (each
+  // rank's list ends with the count of broadcasts that went wrong: none). On one CPU
+  // all three share it and the chain is rank order.
+  const v grouped = CPU_COUNT(&allowed) >= 2 ? v{0, 2, 1, 0} : v{0, 1, 2, 0};
+  CHECK(chains_over_tcp(true, "") == std::vector<v>(3, grouped));
+  CHECK(chains_over_tcp(true, "cpus") == std::vector<v>(3, grouped));
+  // Rank order where asked, where the ranks are not bound (unless this test itself
+  // is, to one CPU), and across hosts.
+  CHECK(chains_over_tcp(true, "ranks") == std::vector<v>(3, v{0}));
+  CHECK(chains_over_tcp(false, "") == std::vector<v>(3, CPU_COUNT(&allowed) >= 2 ? v{0} : grouped));
+  CHECK(chains_over_tcp(true, "", [](int r) { return r == 1 ? "node-b" : "node-a"; }) == std::vector<v>(3, v{0}));
 }
 
 TEST_CASE("over tcp on one host with a core per rank all_gather goes in 512 KiB slices unless the slice is set",

@@ -21,7 +21,8 @@ namespace {
 
 // Runs body(comm) on n threads; returns the first error message per rank ("" = ok).
 template <class F>
-std::vector<std::string> on_threads(int n, const std::string& job, F body, std::size_t slice = 1024) {
+std::vector<std::string> on_threads(int n, const std::string& job, F body, std::size_t slice = 1024,
+                                    std::vector<int> chain = {}) {
   auto st = std::make_shared<thread_store>();
   st->job = job;
   std::vector<std::string> errors(static_cast<std::size_t>(n));
@@ -32,6 +33,7 @@ std::vector<std::string> on_threads(int n, const std::string& job, F body, std::
         plait::detail::comm_config cfg;
         cfg.slice_bytes = slice;
         cfg.timeout = std::chrono::seconds(20);
+        cfg.chain = chain;
         auto c = comm_t::create(std::make_unique<thread_bootstrap>(st, r, n), cfg);
         body(c, errors[static_cast<std::size_t>(r)]);
       } catch (const std::exception& e) {
@@ -77,6 +79,50 @@ TEST_CASE("ring and tree schedules produce the reference on the sim transport", 
         err += compare(exact_pattern<float>(n - 1, count), b, c.rank(), "broadcast<tree>");
         plait::barrier(c);
       });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[static_cast<std::size_t>(r)] == "");
+  }
+}
+
+TEST_CASE("ring::broadcast follows the chain it is given, from every root", "[sim][chain]") {
+  // The schedule: chain 0-2-1-3 from root 1 runs 1 -> 3 -> 0 -> 2.
+  plait::detail::schedule_params p;
+  p.size = 4;
+  p.root = 1;
+  p.count = 10;
+  p.slice_elems = 4;
+  const std::vector<int> chain = {0, 2, 1, 3};
+  p.chain = chain;
+  const int want_prev[4] = {3, -1, 0, 1}, want_next[4] = {2, 3, -1, 0};
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    p.rank = r;
+    const auto s = plait::ring::broadcast(p);
+    REQUIRE(s.size() == 3);  // slices of 4, 4 and 2 elements
+    for (const auto& st : s) {
+      CHECK(st.recv_peer[0] == want_prev[r]);
+      CHECK(st.send_peer[0] == want_next[r]);
+    }
+  }
+  // The data, on the sim transport, with chains that are not rank order.
+  const int n = GENERATE(3, 4, 5, 8);
+  const std::size_t count = 4099;
+  std::vector<int> order;  // the even ranks, then the odd ones (as two CPUs, round robin)
+  for (int parity : {0, 1})
+    for (int r = parity; r < n; r += 2) order.push_back(r);
+  CAPTURE(n, order);
+  auto errors = on_threads(
+      n, "chain-" + std::to_string(n),
+      [&](comm_t& c, std::string& err) {
+        for (int root = 0; root < n; ++root) {
+          const auto want = exact_pattern<float>(root, count);
+          std::vector<float> b = c.rank() == root ? want : std::vector<float>(count);
+          plait::broadcast<plait::ring>(c, std::span<float>(b), root);
+          err += compare(want, b, c.rank(), "broadcast<ring> from root " + std::to_string(root));
+        }
+      },
+      1024, order);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     CHECK(errors[static_cast<std::size_t>(r)] == "");

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,6 +65,8 @@ struct rank_options {
   std::string timeout = "30";               // PLAIT_TIMEOUT inside the ranks
   std::function<std::string(int)> host_id;  // PLAIT_HOST_ID per rank (hybrid tests)
   std::string stream_bytes;                 // PLAIT_STREAM_BYTES; empty: unset (the default)
+  std::string chain;                        // PLAIT_CHAIN; empty: unset (the default)
+  std::function<int(int)> cpu;              // the CPU rank r is bound to before it joins (-1: not bound)
 };
 
 struct rank_result {
@@ -158,6 +161,19 @@ std::vector<rank_result> run_ranks(int n, F&& fn, rank_options opt = {}) {
         ::unsetenv("PLAIT_STREAM_BYTES");
       else
         ::setenv("PLAIT_STREAM_BYTES", opt.stream_bytes.c_str(), 1);
+      if (opt.chain.empty())
+        ::unsetenv("PLAIT_CHAIN");
+      else
+        ::setenv("PLAIT_CHAIN", opt.chain.c_str(), 1);
+      if (const int c = opt.cpu ? opt.cpu(r) : -1; c >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(c, &one);
+        if (::sched_setaffinity(0, sizeof one, &one) != 0) {
+          std::ofstream(base + ".err") << "rank " << r << " cannot be bound to CPU " << c;
+          ::_exit(1);
+        }
+      }
       int status = 0;
       try {
         auto comm = communicator<Transport>::from_env();

@@ -109,6 +109,10 @@ TEST_CASE("automatic where every peer reads one staged copy: direct broadcast an
   CHECK(pick_broadcast<automatic>(1024 * K, 2, true) == plait::ring::id);
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 1024 * K, 2, false, true) == plait::ring::id);
   CHECK(pick_broadcast<plait::tree>(1024 * K, 4, true) == plait::tree::id);
+  // With a chain of ranks grouped by CPU (comm_config::chain), the ring at every size.
+  CHECK(pick_broadcast<automatic>(4, 4, false, true) == plait::ring::id);
+  CHECK(pick_broadcast<automatic>(16 * K - 4, 4, false, true) == plait::ring::id);
+  CHECK(pick_broadcast<plait::tree>(4, 4, false, true) == plait::tree::id);
 }
 
 TEST_CASE("an explicit algorithm is never overridden by the transport", "[automatic]") {

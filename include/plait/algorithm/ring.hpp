@@ -16,6 +16,8 @@
 //   busbw factor (n-1)/n.
 // broadcast: a pipelined chain from the root, n-1 hops; each rank sends S once
 //   (the last sends nothing); busbw factor 1. Latency (n-1) * slice + S / bandwidth.
+//   The chain follows schedule_params::chain (ranks sharing a CPU next to each other,
+//   where the communicator knows it), else rank order from the root.
 #pragma once
 
 #include <plait/schedule.hpp>
@@ -105,9 +107,9 @@ struct ring {
     using namespace detail;
     schedule out;
     const int n = p.size;
-    const int v = (p.rank - p.root + n) % n;  // position on the chain
-    const int next = v + 1 < n ? (p.rank + 1) % n : -1;
-    const int prev = (p.rank + n - 1) % n;
+    const int v = chain_pos(p, p.rank);  // position on the chain (p.chain, or rank order)
+    const int next = v + 1 < n ? chain_rank(p, v + 1) : -1;
+    const int prev = chain_rank(p, (v + n - 1) % n);
     for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
       if (v == 0) {
         if (next >= 0) out.push_back(send(next, region::output, off, len));

@@ -61,7 +61,8 @@ request reduce_scatter_impl(comm_core& core, std::span<const T> full, std::span<
 
 template <class Algo, class T>
 request broadcast_impl(comm_core& core, std::span<T> buf, int root, call_options opt, bool async) {
-  const std::uint8_t algo = pick_broadcast<Algo>(buf.size_bytes(), core.size(), core.config().shares_copies);
+  const std::uint8_t algo =
+      pick_broadcast<Algo>(buf.size_bytes(), core.size(), core.config().shares_copies, !core.config().chain.empty());
   call_builder<T, sum> b(core, collective_kind::broadcast, algo, sum{}, root, buf.size(), core.next_sequence(), opt);
   b.require(root >= 0 && root < core.size(), "root is out of range [0, size())");
   b.require_count_fits(buf.size());

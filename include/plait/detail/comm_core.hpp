@@ -12,6 +12,8 @@
 // and every later call rethrows it (the communicator is broken).
 #pragma once
 
+#include <sched.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -63,6 +65,16 @@ class fifo_list {
 };
 
 // More ranks than this host has cores (likely: every rank is taken to be on this host).
+// The one CPU this thread may run on, or -1 when it may run on several (or the
+// kernel does not say).
+inline int bound_cpu() noexcept {
+  cpu_set_t s;
+  if (::sched_getaffinity(0, sizeof s, &s) != 0 || CPU_COUNT(&s) != 1) return -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &s)) return c;
+  return -1;
+}
+
 inline bool more_ranks_than_cores(int ranks) noexcept {
   const unsigned cores = std::thread::hardware_concurrency();
   return cores != 0 && static_cast<unsigned>(ranks) > cores;
@@ -137,6 +149,13 @@ struct comm_config {
   // ranks share, not a link's bandwidth, so `automatic` keeps to the schedules that
   // send the fewest messages at every size. Set by communicator::create.
   bool one_host = false;
+  // Over a network transport on one host with every rank bound to one CPU and some
+  // CPU carrying two or more ranks: the ranks grouped by CPU (stable), the order
+  // ring::broadcast's chain takes (schedule_params::chain), so that most hops stay on
+  // one CPU; else empty. Set by communicator::create from rank 0's view; PLAIT_CHAIN
+  // `ranks` keeps rank order (docs/performance.md, "Oversubscribed ranks bound round robin").
+  std::vector<int> chain;
+  bool chain_by_cpu = true;  // PLAIT_CHAIN: `cpus` (default) or `ranks`
   // Every peer can read one copy of a payload (transport_traits::shares_copies, and
   // not a network transport, so a hybrid only on one host): `automatic` takes direct
   // for broadcast and large all_gather. Set by communicator::create.
