@@ -154,8 +154,10 @@ class communicator {
     cfg.network = Transport::traits.network;
     if (cfg.network && size > 1) {
       agree_on_placement(*ctx, cfg, deadline);
-      if (cfg.one_host && !Transport::traits.network_on_one_host)
+      if (cfg.one_host && !Transport::traits.network_on_one_host) {
         cfg.network = false;  // a hybrid on one host: all local
+        cfg.chain.clear();    // (measured over tcp only)
+      }
     }
     cfg.shares_copies = Transport::traits.shares_copies && !cfg.network;
     resolve_slices(cfg, size, cfg.network && cfg.one_host);
