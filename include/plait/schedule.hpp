@@ -134,19 +134,20 @@ struct schedule_params {
   std::span<const int> chain{};
 };
 
-// The rank `pos` places after the root along p.chain (rank order when it is empty).
-inline int chain_rank(const schedule_params& p, int pos) noexcept {
-  const int n = p.size;
-  if (p.chain.empty()) return (p.root + pos) % n;
-  int at_root = 0;
-  while (p.chain[static_cast<std::size_t>(at_root)] != p.root) ++at_root;
-  return p.chain[static_cast<std::size_t>((at_root + pos) % n)];
+// Where `rank` stands in p.chain (its rank, when the chain is empty: rank order).
+inline int chain_index(const schedule_params& p, int rank) noexcept {
+  if (p.chain.empty()) return rank;
+  int i = 0;
+  while (p.chain[static_cast<std::size_t>(i)] != rank) ++i;
+  return i;
 }
-// And the place of `rank` after the root along it.
+// The place of `rank` after the root along p.chain, and the rank at place `pos`.
 inline int chain_pos(const schedule_params& p, int rank) noexcept {
-  for (int pos = 0; pos < p.size; ++pos)
-    if (chain_rank(p, pos) == rank) return pos;
-  return -1;
+  return (chain_index(p, rank) - chain_index(p, p.root) + p.size) % p.size;
+}
+inline int chain_rank(const schedule_params& p, int pos) noexcept {
+  const int i = (chain_index(p, p.root) + pos) % p.size;
+  return p.chain.empty() ? i : p.chain[static_cast<std::size_t>(i)];
 }
 
 // Slices of [0, count): at least one (possibly empty) slice so that count 0 still
