@@ -4,15 +4,14 @@
 // works under here.
 //
 // Usage: tcp-ceiling [-N ranks] [common bench options: -o -b -e -f -w -n -J ...]
-// N processes (default 2) joined in a ring by loopback TCP connections: each sends to the
-// next and receives from the one before (with 2 ranks, one connection both ways). They
-// are bound to one CPU each, as plaitrun and mpirun bind ranks, when there are at least
-// as many CPUs as ranks, else left to the scheduler, as plaitrun leaves them. No library,
-// no framing, no data check. With S bytes and b = S/N (a block) per call:
-//   broadcast       a chain: rank 0 sends S bytes to rank 1, each middle rank receives
-//                   S and sends S, the last rank receives S (every rank but the root
-//                   must receive S, and someone must send it: (N-1) S through sockets,
-//                   the least any broadcast moves);
+// N processes (default 2) joined by loopback TCP connections (every pair; with 2 ranks,
+// one connection both ways). They are bound as plaitrun binds ranks: one CPU each where
+// there are enough, else round robin (rank r on CPU r mod C); with more ranks than CPUs,
+// also not bound, left to the scheduler. No library, no framing, no data check. With S
+// bytes and b = S/N (a block) per call:
+//   broadcast       rank 0's S bytes to every other rank: a chain (each middle rank
+//                   receives S and sends S: (N-1) S through sockets, the least any
+//                   broadcast moves), or a tree, or the root sending to each;
 //   all_gather      each rank copies its block into the output (out of place, as
 //                   measured), and sends and receives S - b, received into the other
 //                   blocks;
@@ -20,11 +19,17 @@
 //                   the way (one pass of a float sum over what arrives);
 //   all_reduce      each rank sends and receives 2 (S - b), summing the first S - b
 //                   (a reduce-scatter, then an all-gather: the least any all_reduce
-//                   moves per rank; with 2 ranks, each rank's whole buffer).
+//                   moves per rank; with 2 ranks, each rank's whole buffer), or, in
+//                   plait's tree, S to and from the parent and each child (the fewest
+//                   bytes between ranks on different CPUs when they share CPUs).
 // What a rank sends does not wait on what it receives, as it must in a collective (a
 // relay cannot send what has not arrived): the ceiling is the bytes and the memory
 // work alone. No framing, no slots, no schedule.
-// Each size is run under every setting of a grid, and the best is reported:
+// Each size is run under every setting of a grid:
+//   pattern     (3 ranks and more) the ring (to rank r + 1, from r - 1), the ring in CPU
+//               order (ranks sharing a CPU next to each other, where some do), all pairs,
+//               plait's binary tree from rank 0 (all_reduce and broadcast);
+//   placement   bound as plaitrun binds, or (more ranks than CPUs) not bound;
 //   write size  64K, 256K, 1M, 4M (at most the payload);
 //   landing     straight into the destination (each recv asks for all that is still to
 //               come), or through a bounce buffer that stays in cache: each recv takes at
@@ -34,6 +39,8 @@
 //   buffers     the kernel's (autotuned), or SO_SNDBUF = SO_RCVBUF = 4 MiB;
 //   waiting     poll(2) when a socket would block, or spin on non-blocking calls (only
 //               with a CPU per rank: a spinning rank would hold the CPU its peer needs).
+// Every setting is screened with 1 warm-up and 3 timed calls; the 3 fastest are timed
+// with the calls asked (-w, -n), and the best of them is reported.
 // Every connection uses the congestion control plait gives its links on one host
 // (reno with a CPU per rank, else the system's; PLAIT_TCP_CONGESTION as for plait).
 // Times and busbw as every benchmark in bench/ (bench_report.hpp): each rank's median
@@ -79,15 +86,46 @@ constexpr int big_buffers = 4 << 20;
 constexpr std::size_t chunk_sizes[] = {std::size_t{64} << 10, std::size_t{256} << 10, std::size_t{1} << 20,
                                        std::size_t{4} << 20};
 
+// Who sends to whom (3 ranks and more; with 2 there is one connection, used both ways).
+enum class pattern : std::uint8_t {
+  ring,         // to rank r + 1, from rank r - 1 (broadcast: the chain 0 -> 1 -> ... -> N-1)
+  ring_by_cpu,  // the same along the ranks in CPU order (0, 2, 1, 3 on 2 CPUs): ranks
+                // sharing a CPU next to each other, as plait's broadcast chain takes them
+  pairs,        // every pair of ranks exchanges directly
+  tree,         // plait's binary tree from rank 0 (all_reduce: up and down; broadcast: down)
+};
+
+std::string name(pattern p, const std::vector<int>& order) {
+  switch (p) {
+    case pattern::ring:
+      return "ring";
+    case pattern::ring_by_cpu: {
+      std::string s = "ring in CPU order ";
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        if (i > 0) s += '-';
+        s += std::to_string(order[i]);
+      }
+      return s;
+    }
+    case pattern::pairs:
+      return "all pairs";
+    case pattern::tree:
+      return "tree";
+  }
+  return "?";
+}
+
 struct setting {
   std::size_t write = 0;
   bool bounce = false;  // land through a bounce buffer (else straight into the destination)
   bool big = false;     // SO_SNDBUF = SO_RCVBUF = 4 MiB (else the kernel's)
   bool spin = false;    // spin on non-blocking calls (else poll)
-  bool pairs = false;   // every pair of ranks exchanges directly (else the ring; 3 ranks and more)
+  pattern shape = pattern::ring;
+  bool bound = true;  // each rank on its CPU as plaitrun binds (else anywhere: more ranks than CPUs)
 
-  std::string text(int ranks) const {
-    return (ranks > 2 ? std::string(pairs ? "all pairs, " : "ring, ") : std::string()) + "write " +
+  std::string text(int ranks, int cpus, const std::vector<int>& order) const {
+    return (ranks > 2 ? name(shape, order) + ", " : std::string()) +
+           (cpus < ranks ? std::string(bound ? "bound round robin, " : "not bound, ") : std::string()) + "write " +
            std::to_string(write >> 10) + "K, " + (bounce ? "through a bounce buffer" : "landing direct") +
            ", buffers " + (big ? "4M" : "auto") + ", " + (spin ? "spin" : "poll");
   }
@@ -255,8 +293,8 @@ struct plan {
   std::vector<stream> streams;
 };
 
-plan plan_for(const std::string& op, int rank, int n, const std::vector<int>& peer, bool pairs, const char* src,
-              char* dst, std::size_t bytes) {
+plan plan_for(const std::string& op, int rank, int n, const std::vector<int>& peer, pattern shape,
+              const std::vector<int>& order, const char* src, char* dst, std::size_t bytes) {
   const std::size_t block = bytes / static_cast<std::size_t>(n) / sizeof(float) * sizeof(float);
   const std::size_t rest = bytes - block;
   const auto un = static_cast<std::size_t>(n), urank = static_cast<std::size_t>(rank);
@@ -274,10 +312,20 @@ plan plan_for(const std::string& op, int rank, int n, const std::vector<int>& pe
     p.streams.push_back(x);
   };
   if (op == "all_gather") p.own_block = block;
-  if (!pairs) {  // the ring: to the next rank, from the one before
-    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
-    if (op == "broadcast")  // a chain from rank 0
-      add_stream(rank < n - 1 ? next : -1, rank < n - 1 ? bytes : 0, rank > 0 ? prev : -1, rank > 0 ? bytes : 0, 0, 0);
+  if (shape == pattern::tree) {  // parent (v - 1) / 2, children 2v + 1 and 2v + 2, from rank 0
+    // all_reduce: its sum to the parent and the result back; each child's sum added to
+    // this rank's input as it lands, the result sent down. broadcast: the down half.
+    const bool reduce = op != "broadcast";
+    if (rank > 0) add_stream(reduce ? (rank - 1) / 2 : -1, reduce ? bytes : 0, (rank - 1) / 2, bytes, 0, 0);
+    for (int child : {2 * rank + 1, 2 * rank + 2})
+      if (child < n) add_stream(child, bytes, reduce ? child : -1, reduce ? bytes : 0, 0, reduce ? bytes : 0);
+    return p;
+  }
+  if (shape != pattern::pairs) {  // the ring: to the next rank, from the one before, in `order`
+    const auto pos = static_cast<std::size_t>(std::find(order.begin(), order.end(), rank) - order.begin());
+    const int next = order[(pos + 1) % un], prev = order[(pos + un - 1) % un];
+    if (op == "broadcast")  // a chain from rank 0 (order starts there)
+      add_stream(pos < un - 1 ? next : -1, pos < un - 1 ? bytes : 0, pos > 0 ? prev : -1, pos > 0 ? bytes : 0, 0, 0);
     else if (op == "all_gather")  // the others' blocks land after the own, around the output
       add_stream(next, rest, prev, rest, (urank + 1) % un * block, 0);
     else if (op == "reduce_scatter")  // all that arrives summed with the rank's input
@@ -337,8 +385,10 @@ int listen_on_loopback(sockaddr_in& a, bool big, int backlog) {
   return fd;
 }
 
-int run(int rank, int ranks, int cpus, const bench::options& o, const control& ctl, const links& net) {
-  bind_to_cpu(rank, ranks);
+int run(int rank, int ranks, const bench::ranks::team& team, const bench::options& o, const links& net) {
+  const int cpus = team.cpus;
+  const control& ctl = team.ctl;
+  bind_to_cpu(rank, team.allowed);
   // The congestion control of plait's tcp links on one host (PLAIT_TCP_CONGESTION).
   const std::string congestion =
       plait::detail::config_from_env().host_congestion.value_or(plait::detail::comm_config::host_congestion_for(ranks));
@@ -357,6 +407,20 @@ int run(int rank, int ranks, int cpus, const bench::options& o, const control& c
   std::vector<char> src(std::max<std::size_t>(top, 1), 1), dst(std::max<std::size_t>(top, 1), 0),
       bounce(chunk_sizes[std::size(chunk_sizes) - 1] + sizeof(float), 0);
 
+  // The patterns tried (3 ranks and more): the ring, in rank order and, where ranks share
+  // a CPU, in CPU order; all pairs; plait's tree where the collective has one.
+  const std::vector<int> order = bench::ranks::cpu_order(ranks, cpus);
+  std::vector<int> rank_order(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) rank_order[static_cast<std::size_t>(r)] = r;
+  const bool by_cpu = ranks > 2 && order != rank_order;
+  const bool tree_too = ranks > 2 && (o.op == "all_reduce" || o.op == "broadcast");
+  std::vector<pattern> shapes{pattern::ring};
+  if (by_cpu) shapes.push_back(pattern::ring_by_cpu);
+  if (ranks > 2) shapes.push_back(pattern::pairs);
+  if (tree_too) shapes.push_back(pattern::tree);
+  auto order_of = [&](pattern p) -> const std::vector<int>& { return p == pattern::ring_by_cpu ? order : rank_order; };
+  constexpr int finalists = 3;
+
   // What the kernel gave for the 4 MiB asked (capped by net.core.wmem_max / rmem_max;
   // getsockopt reports twice the size, bookkeeping included).
   const int some_big = net.peer[1][rank == 0 ? 1 : 0];
@@ -365,63 +429,99 @@ int run(int rank, int ranks, int cpus, const bench::options& o, const control& c
   ::getsockopt(some_big, SOL_SOCKET, SO_SNDBUF, &given_snd, &len);
   len = sizeof given_rcv;
   ::getsockopt(some_big, SOL_SOCKET, SO_RCVBUF, &given_rcv, &len);
-  bench::report rep(o, "tcp-ceiling", "0.1", ranks,
-                    placement(ranks, cpus) + ", loopback TCP (TCP_NODELAY, congestion control " +
-                        (congestion.empty() ? std::string("the system's") : congestion) +
-                        ", as plait's links on one host; system: " + bench::system_congestion() +
-                        "), the bytes and local memory work the collective must do (own "
-                        "block copied, one float-sum pass), no framing; per size the best of " +
-                        (ranks > 2 ? "pattern (ring, all pairs) x " : "") +
-                        "write 64K/256K/1M/4M x landing (direct, through a bounce buffer) x buffers (the kernel's "
-                        "autotuned, or SO_SNDBUF = SO_RCVBUF = 4 MiB asked: getsockopt gives " +
-                        std::to_string(given_snd >> 10) + "K / " + std::to_string(given_rcv >> 10) + "K) x wait (poll" +
-                        (may_spin ? ", spin)" : "; no spin: more ranks than CPUs)"),
-                    rank == 0);
+  bench::report rep(
+      o, "tcp-ceiling", "0.1", ranks,
+      placement(ranks, cpus) + ", loopback TCP (TCP_NODELAY, congestion control " +
+          (congestion.empty() ? std::string("the system's") : congestion) +
+          ", as plait's links on one host; system: " + bench::system_congestion() +
+          "), the bytes and local memory work the collective must do (own "
+          "block copied, one float-sum pass), no framing; per size the best of " +
+          (ranks > 2 ? std::string("pattern (ring, ") + (by_cpu ? name(pattern::ring_by_cpu, order) + ", " : "") +
+                           "all pairs" + (tree_too ? ", tree" : "") + ") x "
+                     : std::string()) +
+          (cpus < ranks ? "placement (bound round robin, not bound) x " : "") +
+          "write 64K/256K/1M/4M x landing (direct, through a bounce buffer) x buffers (the kernel's "
+          "autotuned, or SO_SNDBUF = SO_RCVBUF = 4 MiB asked: getsockopt gives " +
+          std::to_string(given_snd >> 10) + "K / " + std::to_string(given_rcv >> 10) + "K) x wait (poll" +
+          (may_spin ? ", spin)" : "; no spin: more ranks than CPUs)") +
+          "; each setting screened with 1 + 3 calls, the best " + std::to_string(finalists) +
+          " timed with the calls asked",
+      rank == 0);
   rep.header();
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     rep.progress(i, sizes.size(), sizes[i]);
     const std::size_t count = bench::count_for(o, sizes[i], sizeof(float), ranks);
     const std::size_t bytes = count * sizeof(float);
+    // The grid: every rank walks the same settings in the same order.
+    std::vector<setting> grid;
+    for (pattern shape : shapes) {
+      // The most bytes one stream carries sets the write sizes worth trying.
+      std::size_t payload = 0;
+      for (int r = 0; r < ranks; ++r)
+        for (const stream& x :
+             plan_for(o.op, r, ranks, net.peer[0], shape, order_of(shape), src.data(), dst.data(), bytes).streams)
+          payload = std::max({payload, x.out, x.in});
+      for (bool bound : {true, false}) {
+        if (!bound && (cpus >= ranks || shape == pattern::ring_by_cpu)) continue;  // CPU order: bound only
+        for (std::size_t c : chunk_sizes) {
+          const std::size_t write = std::min(c, std::max<std::size_t>(payload, 1));
+          for (bool through_bounce : {false, true})
+            for (bool big : {false, true})
+              for (bool spin : {false, true})
+                if (!spin || may_spin) grid.push_back(setting{write, through_bounce, big, spin, shape, bound});
+          if (write == payload) break;  // one write per call already
+        }
+      }
+    }
+    // One setting's calls; rank 0 gets the slowest rank's median and the most faults.
+    auto measure = [&](const setting& s, int warmup, int iters) {
+      if (s.bound) {
+        bind_to_cpu(rank, team.allowed);
+      } else {
+        bench::ranks::unbind(team.allowed);
+      }
+      const plan p = plan_for(o.op, rank, ranks, net.peer[s.big ? 1 : 0], s.shape, order_of(s.shape), src.data(),
+                              dst.data(), bytes);
+      ctl.barrier();
+      const bench::timed_calls t = bench::time_calls(
+          warmup, iters, [&] { one_call(p, rank, src.data(), dst.data(), bounce.data(), s); }, [&] { ctl.barrier(); });
+      bench::ranks::result got{bench::median(t.us()), t.faults, 0};
+      ctl.gather(got);
+      ctl.barrier();
+      return got;
+    };
+    // Screened with a few calls each, then the fastest few timed as asked: the grid is
+    // up to 112 settings, and a 128 MiB call takes a fifth of a second on 4 ranks.
+    std::vector<int> pick(static_cast<std::size_t>(finalists), -1);
+    if (grid.size() > static_cast<std::size_t>(finalists)) {
+      std::vector<std::pair<double, int>> screened;
+      for (std::size_t k = 0; k < grid.size(); ++k)
+        screened.emplace_back(measure(grid[k], 1, 3).median, static_cast<int>(k));
+      std::sort(screened.begin(), screened.end());
+      for (std::size_t k = 0; k < pick.size(); ++k) pick[k] = screened[k].second;
+    } else {
+      for (std::size_t k = 0; k < grid.size(); ++k) pick[k] = static_cast<int>(k);
+    }
+    ctl.share(pick.data(), pick.size() * sizeof(int));  // rank 0's ranking for every rank
     double best = 0;
     long faults = 0;
     setting best_setting;
     bool tried = false;
-    for (bool pairs : {false, true}) {
-      if (pairs && ranks == 2) continue;  // one connection: the ring is every pair
-      // Every rank walks the same grid: the most bytes one stream carries sets it.
-      std::size_t payload = 0;
-      for (int r = 0; r < ranks; ++r)
-        for (const stream& x : plan_for(o.op, r, ranks, net.peer[0], pairs, src.data(), dst.data(), bytes).streams)
-          payload = std::max({payload, x.out, x.in});
-      for (std::size_t c : chunk_sizes) {
-        const std::size_t write = std::min(c, std::max<std::size_t>(payload, 1));
-        for (bool through_bounce : {false, true})
-          for (bool big : {false, true})
-            for (bool spin : {false, true}) {
-              if (spin && !may_spin) continue;
-              const setting s{write, through_bounce, big, spin, pairs};
-              const plan p = plan_for(o.op, rank, ranks, net.peer[big ? 1 : 0], pairs, src.data(), dst.data(), bytes);
-              const bench::timed_calls t = bench::time_calls(
-                  o.warmup, o.iters, [&] { one_call(p, rank, src.data(), dst.data(), bounce.data(), s); },
-                  [&] { ctl.barrier(); });
-              bench::ranks::result got{bench::median(t.us()), t.faults, 0};
-              ctl.gather(got);
-              const double slowest = got.median;
-              const long most_faults = got.faults;
-              if (rank == 0) {
-                if (!tried || slowest < best) {
-                  best = slowest;
-                  best_setting = s;
-                }
-                faults = std::max(faults, most_faults);
-              }
-              tried = true;
-              ctl.barrier();
-            }
-        if (write == payload) break;  // one write per call already
+    for (int k : pick) {
+      if (k < 0) continue;
+      const setting& s = grid[static_cast<std::size_t>(k)];
+      const bench::ranks::result got = measure(s, o.warmup, o.iters);
+      if (rank == 0) {
+        if (!tried || got.median < best) {
+          best = got.median;
+          best_setting = s;
+        }
+        faults = std::max(faults, got.faults);
       }
+      tried = true;
     }
-    bench::ranks::add_best(rep, o, bytes, count, best, faults, -1, best_setting.text(ranks));
+    if (!best_setting.bound) bind_to_cpu(rank, team.allowed);
+    bench::ranks::add_best(rep, o, bytes, count, best, faults, -1, best_setting.text(ranks, cpus, order));
   }
   return rep.finish() ? 0 : 1;
 }
@@ -470,5 +570,5 @@ int main(int argc, char** argv) {
   const int rank = team.rank;
   const links net = connect_all(rank, ranks, addr, listener);
   for (int fd : listener) ::close(fd);
-  return bench::ranks::finish_team(team, run(rank, ranks, team.cpus, o, team.ctl, net));
+  return bench::ranks::finish_team(team, run(rank, ranks, team, o, net));
 }

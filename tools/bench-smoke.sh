@@ -34,7 +34,7 @@ echo "== bench/ab.sh, one round"
 bash bench/ab.sh -B "$build" -r 1 -n 2 PLAIT_POLL 0,0.0001 -- -t shm -o all_reduce -b 4K -e 8K -w 1 -n 2 -c 1
 echo "== cma-rate"
 "$build/bench/cma-rate" 1M 256K
-echo "== tcp-ceiling, 2 ranks (one connection) and 3 (ring and all pairs)"
+echo "== tcp-ceiling, 2 ranks (one connection) and 3 (every pattern, bound round robin and not)"
 for n in 2 3; do
   for o in all_reduce all_gather reduce_scatter broadcast; do
     "$build/bench/tcp-ceiling" -N "$n" -o "$o" -b 4K -e 256K -f 8 -w 1 -n 3

@@ -1,7 +1,7 @@
 // What the ceiling programs (tcp-ceiling, shm-ceiling) share: N forked processes on
 // this host, a control channel from rank 0 to each other rank (socketpairs: barriers
 // between measurements, each rank's result gathered), the binding of ranks to CPUs as
-// plaitrun and mpirun bind them, and the command line. No plait dependency. Every read of the
+// plaitrun binds them, and the command line. No plait dependency. Every read of the
 // control channel ends when the other side stops: a rank that dies is an error on
 // every other rank, not a hang.
 #pragma once
@@ -70,6 +70,14 @@ struct control {
       get_all(fds[0], &b, 1);
     }
   }
+  // Rank 0's n bytes at p to every other rank, into their p.
+  void share(void* p, std::size_t n) const {
+    if (root) {
+      for (int fd : fds) put_all(fd, p, n);
+    } else {
+      get_all(fds[0], p, n);
+    }
+  }
   // Rank 0: every rank's result combined into r (its own given); the others send theirs.
   void gather(result& r) const {
     if (!root) {
@@ -93,14 +101,24 @@ inline int allowed_cpus() {
   return CPU_COUNT(&allowed);
 }
 
-// One CPU per rank where there are enough (as plaitrun binds), else none.
-inline void bind_to_cpu(int rank, int ranks) {
+// The CPUs this process may run on, as a set.
+inline cpu_set_t allowed_set() {
   cpu_set_t allowed;
-  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < ranks) return;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) CPU_SET(0, &allowed);
+  return allowed;
+}
+
+// Rank r on the (r mod C)-th of the C CPUs in `allowed`, as plaitrun's default `--bind
+// core` binds: one CPU each where there are enough, else round robin (ranks r and r + C
+// share a CPU).
+inline void bind_to_cpu(int rank, const cpu_set_t& allowed) {
+  const int n = CPU_COUNT(&allowed);
+  if (n <= 0) return;
   int seen = 0;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
     if (!CPU_ISSET(c, &allowed)) continue;
-    if (seen++ == rank) {
+    if (seen++ == rank % n) {
       cpu_set_t one;
       CPU_ZERO(&one);
       CPU_SET(c, &one);
@@ -110,11 +128,26 @@ inline void bind_to_cpu(int rank, int ranks) {
   }
 }
 
+// Every CPU in `allowed` again: the scheduler places the rank (plaitrun --bind none).
+inline void unbind(const cpu_set_t& allowed) { ::sched_setaffinity(0, sizeof allowed, &allowed); }
+
+// The ranks in the order of their CPUs under bind_to_cpu (stable: 0, C, 2C, ..., 1, C + 1,
+// ...), so that ranks sharing a CPU stand next to each other, as plait's broadcast chain
+// takes them (comm_config::chain); rank order where there is a CPU per rank.
+inline std::vector<int> cpu_order(int ranks, int cpus) {
+  std::vector<int> order;
+  const int c = std::max(cpus, 1);
+  for (int first = 0; first < std::min(c, ranks); ++first)
+    for (int r = first; r < ranks; r += c) order.push_back(r);
+  return order;
+}
+
 // cpus: what allowed_cpus() gave before any rank bound itself (team::cpus).
 inline std::string placement(int ranks, int cpus) {
   const std::string n = std::to_string(ranks);
   if (cpus >= ranks) return n + " processes bound to CPUs 0.." + std::to_string(ranks - 1);
-  return n + " processes on " + std::to_string(cpus) + " CPUs, not bound";
+  return n + " processes on " + std::to_string(cpus) + " CPUs, bound round robin (rank r on CPU r mod " +
+         std::to_string(cpus) + ", as plaitrun binds)";
 }
 
 constexpr int max_ranks = 16;
@@ -170,12 +203,14 @@ struct team {
   // The CPUs the team may run on, counted before the fork: once a rank has bound itself
   // (bind_to_cpu) its own affinity is one CPU.
   int cpus = 1;
+  cpu_set_t allowed{};
 };
 
 // Forks ranks - 1 children, each with a control channel to rank 0 (the caller).
 inline team fork_team(int ranks) {
   team t;
   t.cpus = allowed_cpus();
+  t.allowed = allowed_set();
   std::vector<int> to_children;
   std::fflush(nullptr);
   for (int r = 1; r < ranks; ++r) {
