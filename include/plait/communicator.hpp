@@ -157,6 +157,7 @@ class communicator {
       if (cfg.one_host && !Transport::traits.network_on_one_host) {
         cfg.network = false;  // a hybrid on one host: all local
         cfg.chain.clear();    // (measured over tcp only)
+        cfg.shared_cpus = false;
       }
     }
     cfg.shares_copies = Transport::traits.shares_copies && !cfg.network;
@@ -259,7 +260,10 @@ class communicator {
   // per rank, all_gather's frames are network_gather_slice_core_per_rank (fewer frames,
   // credits and wake-ups per byte; a reducing step keeps the slice, whose slot, input
   // and output stay in a core's L2: docs/performance.md, "TCP on one host: all_gather
-  // in 512 KiB slices with a core per rank").
+  // in 512 KiB slices with a core per rank"). With the slice unset and ranks sharing
+  // the CPUs they are bound to (cfg.shared_cpus), a reducing step takes
+  // network_slice_shared_cpus and the copies and all_gather keep slice_default
+  // ("TCP, ranks sharing bound CPUs: reducing slices of 128 KiB").
   static void resolve_slices(detail::comm_config& cfg, int size, bool network_on_one_host) noexcept {
     using detail::comm_config;
     const bool slice_set = cfg.slice_bytes != 0;
@@ -267,6 +271,11 @@ class communicator {
       cfg.slice_bytes = comm_config::slice_default;
       if (network_on_one_host && !detail::more_ranks_than_cores(size))
         cfg.gather_slice_bytes = comm_config::network_gather_slice_core_per_rank;
+      if (network_on_one_host && cfg.shared_cpus) {
+        cfg.slice_bytes = comm_config::network_slice_shared_cpus;
+        cfg.gather_slice_bytes = comm_config::slice_default;
+        if (cfg.copy_slice_bytes == 0) cfg.copy_slice_bytes = comm_config::slice_default;
+      }
     }
     if (cfg.copy_slice_bytes == 0)
       cfg.copy_slice_bytes = cfg.network ? cfg.slice_bytes : std::max(cfg.slice_bytes, comm_config::copy_slice_default);
@@ -301,9 +310,10 @@ class communicator {
   }
 
   // Whether every rank has this rank's host identity (cfg.one_host) and, on one host,
-  // the chain that keeps ranks sharing a CPU together (cfg.chain): rank 0 reads each
-  // rank's CPU and host identity and tells the rest (one record per rank, n - 1 reads
-  // on rank 0, one on the others). The verdict record is one byte (one host or not),
+  // whether the ranks share the CPUs they are bound to (cfg.shared_cpus) and the chain
+  // that keeps them together (cfg.chain): rank 0 reads each rank's CPU and host
+  // identity and tells the rest (one record per rank, n - 1 reads on rank 0, one on the
+  // others). The verdict record is one byte (bit 0: one host; bit 1: shared CPUs),
   // then the chain, n ranks as 4-byte integers, or nothing.
   static void agree_on_placement(bootstrap_context& ctx, detail::comm_config& cfg, clock::time_point deadline) {
     const std::string me = ctx.host_id();
@@ -311,7 +321,10 @@ class communicator {
     auto chain_from = [&](std::span<const std::byte> rec) {
       if (rec.size() != 1 && rec.size() != 1 + 4 * static_cast<std::size_t>(n))
         throw error(errc::protocol, "malformed one-host record from rank 0", ctx.rank(), 0);
-      cfg.one_host = rec[0] == std::byte{1};
+      if ((rec[0] & ~std::byte{3}) != std::byte{0})
+        throw error(errc::protocol, "malformed one-host record from rank 0", ctx.rank(), 0);
+      cfg.one_host = (rec[0] & std::byte{1}) != std::byte{0};
+      cfg.shared_cpus = (rec[0] & std::byte{2}) != std::byte{0};
       cfg.chain.assign(rec.size() > 1 ? static_cast<std::size_t>(n) : 0, 0);
       for (std::size_t i = 0; i < cfg.chain.size(); ++i) {
         std::int32_t r;
@@ -340,12 +353,13 @@ class communicator {
       cpu[static_cast<std::size_t>(p)] = c;
       same = same && std::string_view(reinterpret_cast<const char*>(got.data()) + 4, got.size() - 4) == me;
     }
-    // Grouped by CPU only where every rank is bound to one and some CPU has two or more.
+    // Shared where every rank is bound to one CPU and some CPU has two or more; grouped
+    // by CPU then, unless PLAIT_CHAIN says rank order.
     std::vector<int> by_cpu = cpu;
     std::sort(by_cpu.begin(), by_cpu.end());
-    const bool grouped = same && cfg.chain_by_cpu && by_cpu.front() >= 0 &&
-                         std::adjacent_find(by_cpu.begin(), by_cpu.end()) != by_cpu.end();
-    std::vector<std::byte> rec(1, std::byte{static_cast<unsigned char>(same ? 1 : 0)});
+    const bool shared = same && by_cpu.front() >= 0 && std::adjacent_find(by_cpu.begin(), by_cpu.end()) != by_cpu.end();
+    const bool grouped = shared && cfg.chain_by_cpu;
+    std::vector<std::byte> rec(1, std::byte{static_cast<unsigned char>((same ? 1 : 0) | (shared ? 2 : 0))});
     if (grouped) {
       std::vector<int> chain(static_cast<std::size_t>(n));
       for (int r = 0; r < n; ++r) chain[static_cast<std::size_t>(r)] = r;

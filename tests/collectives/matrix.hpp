@@ -264,13 +264,15 @@ void check_streamed(int ranks) {
 }
 
 // The slices and depth every rank of a 2-rank job agreed on, given PLAIT_SLICE_BYTES
-// and PLAIT_COPY_SLICE_BYTES (empty: unset): {slice, copy slice, depth, send window} of rank 0,
-// then rank 1.
+// and PLAIT_COPY_SLICE_BYTES (empty: unset), with rank r bound to CPU cpu(r) where
+// given: {slice, copy slice, depth, send window, all_gather slice} of rank 0, then rank 1.
 template <class Tr>
-std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::string& copy_slice) {
+std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::string& copy_slice,
+                                         std::function<int(int)> cpu = {}) {
   rank_options opt;
   opt.slice_bytes = slice;
   opt.copy_slice_bytes = copy_slice;
+  opt.cpu = std::move(cpu);
   auto results = run_ranks<Tr>(
       2,
       [](communicator<Tr>& c) {

@@ -137,3 +137,26 @@ TEST_CASE("over tcp on one host with a core per rank all_gather goes in 512 KiB 
   CHECK(agreed_slices<tcp>("256K", "") == v{256 * K, 256 * K, 4, 3, 256 * K, 256 * K, 256 * K, 4, 3, 256 * K});
   CHECK(agreed_slices<tcp>("", "64K") == v{256 * K, 64 * K, 4, 3, gather, 256 * K, 64 * K, 4, 3, gather});
 }
+
+TEST_CASE("over tcp on one host ranks bound to a shared CPU reduce in 128 KiB slices unless the slice is set",
+          "[collectives][tcp][chain]") {
+  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window, all_gather slice
+  constexpr std::uint64_t K = 1024;
+  cpu_set_t allowed;
+  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  // Both ranks on one CPU: a reducing step's slice is 128 KiB; the copies and
+  // all_gather keep 256 KiB (slots hold the largest), and the window is 3 frames.
+  const auto same = [&](int) { return cpus[0]; };
+  CHECK(agreed_slices<tcp>("", "", same) == v{128 * K, 256 * K, 4, 3, 256 * K, 128 * K, 256 * K, 4, 3, 256 * K});
+  // A slice or copy slice that was set stays.
+  CHECK(agreed_slices<tcp>("64K", "", same) == v{64 * K, 64 * K, 4, 3, 64 * K, 64 * K, 64 * K, 4, 3, 64 * K});
+  CHECK(agreed_slices<tcp>("", "64K", same) == v{128 * K, 64 * K, 4, 3, 256 * K, 128 * K, 64 * K, 4, 3, 256 * K});
+  // A CPU each: as unbound (a core per rank: all_gather in 512 KiB slices).
+  if (cpus.size() >= 2) {
+    const auto apart = [&](int r) { return cpus[static_cast<std::size_t>(r)]; };
+    CHECK(agreed_slices<tcp>("", "", apart) == v{256 * K, 256 * K, 4, 3, 512 * K, 256 * K, 256 * K, 4, 3, 512 * K});
+  }
+}

@@ -156,6 +156,13 @@ struct comm_config {
   // `ranks` keeps rank order (docs/performance.md, "Oversubscribed ranks bound round robin").
   std::vector<int> chain;
   bool chain_by_cpu = true;  // PLAIT_CHAIN: `cpus` (default) or `ranks`
+  // Over a network transport on one host, every rank bound to one CPU and some CPU
+  // carrying two or more (what the chain is made for, whatever PLAIT_CHAIN says). A
+  // reducing step then takes network_slice_shared_cpus unless the slice was set. Set
+  // by communicator::create from rank 0's view.
+  bool shared_cpus = false;
+  static constexpr std::size_t network_slice_shared_cpus =
+      128 * 1024;  // docs/performance.md, "TCP, ranks sharing bound CPUs: reducing slices of 128 KiB"
   // Every peer can read one copy of a payload (transport_traits::shares_copies, and
   // not a network transport, so a hybrid only on one host): `automatic` takes direct
   // for broadcast and large all_gather. Set by communicator::create.
