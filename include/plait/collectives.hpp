@@ -182,14 +182,19 @@ std::uint8_t pick(std::size_t bytes, bool tree_capable, int all_reduce_ranks = 0
 // not over a network transport; recursive doubling for all_gather on 4, 8, ... ranks
 // over a network transport, or small (automatic::doubling_gather).
 // Where every peer reads one staged copy (shares_copies), all_gather takes direct
-// from automatic::gather_direct_from_bytes on 3 or more ranks.
+// from automatic::gather_direct_from_bytes on 3 or more ranks; over a network
+// transport with ranks sharing the CPUs they are bound to (comm_config::shared_cpus),
+// from automatic::network_gather_direct_from_bytes.
 template <class Algo>
 std::uint8_t pick_exchange(collective_kind kind, std::size_t total_bytes, int ranks, bool network = false,
-                           bool shares_copies = false) {
+                           bool shares_copies = false, bool shared_cpus = false) {
   check_algorithm_id<Algo>();
   if constexpr (std::is_same_v<Algo, automatic>) {
     if (kind == collective_kind::all_gather && shares_copies && ranks >= 3 &&
         total_bytes >= automatic::gather_direct_from_bytes(ranks))
+      return direct::id;
+    if (kind == collective_kind::all_gather && network && shared_cpus && ranks >= 3 &&
+        total_bytes >= automatic::network_gather_direct_from_bytes)
       return direct::id;
     if (kind == collective_kind::all_gather)
       return automatic::doubling_gather(ranks, network, total_bytes) ? recursive_doubling::id : ring::id;

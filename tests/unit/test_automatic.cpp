@@ -65,6 +65,11 @@ TEST_CASE("automatic over a network: reduce_scatter stays on the ring, all_gathe
   CHECK(pick_exchange<automatic>(collective_kind::reduce_scatter, 4 * K, 4, true) == plait::ring::id);
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 4, true) == plait::recursive_doubling::id);
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 64 * K * K, 8, true) == plait::recursive_doubling::id);
+  // With ranks sharing the CPUs they are bound to, direct from 64 MiB of output.
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 64 * K * K, 4, true, false, true) == plait::direct::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 64 * K * K - 1, 4, true, false, true) ==
+        plait::recursive_doubling::id);
+  CHECK(pick_exchange<automatic>(collective_kind::all_gather, 64 * K * K, 4, false, false, true) == plait::ring::id);
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 2, true) == plait::ring::id);
   CHECK(pick_exchange<automatic>(collective_kind::all_gather, 4 * K, 6, true) == plait::ring::id);
 }

@@ -224,6 +224,12 @@ struct automatic {
   static constexpr std::size_t gather_direct_from_bytes(int ranks) noexcept {
     return ranks >= 8 ? 256 * 1024 : 1024 * 1024;
   }
+  // all_gather over a network transport with ranks sharing the CPUs they are bound to
+  // (comm_config::shared_cpus), from this size (the whole output): direct against
+  // recursive doubling, tcp, bound round robin on 2 CPUs: 4 ranks 32M 14.1 vs 15.0 ms,
+  // 64M 29.0 vs 32.0, 128M 58.3 vs 62.5 (level at 16M); 8 ranks 128M 139 vs 149 ms,
+  // level at 32M, behind at 8M (docs/performance.md, "TCP, ranks sharing bound CPUs").
+  static constexpr std::size_t network_gather_direct_from_bytes = std::size_t{64} << 20;
   static constexpr bool doubling_gather(int ranks, bool network, std::size_t total_bytes) noexcept {
     return ranks >= 4 && (ranks & (ranks - 1)) == 0 && (network || total_bytes < doubling_gather_below_bytes);
   }

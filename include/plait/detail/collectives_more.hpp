@@ -9,8 +9,9 @@ namespace detail {
 template <class Algo, class T>
 request all_gather_impl(comm_core& core, std::span<const T> shard, std::span<T> full, call_options opt, bool async) {
   const auto n = static_cast<std::size_t>(core.size());
-  const std::uint8_t algo = pick_exchange<Algo>(collective_kind::all_gather, full.size_bytes(), core.size(),
-                                                core.config().network, core.config().shares_copies);
+  const std::uint8_t algo =
+      pick_exchange<Algo>(collective_kind::all_gather, full.size_bytes(), core.size(), core.config().network,
+                          core.config().shares_copies, core.config().shared_cpus);
   call_builder<T, sum> b(core, collective_kind::all_gather, algo, sum{}, -1, shard.size(), core.next_sequence(), opt);
   b.require_count_fits(shard.size());
   b.require(full.size() == shard.size() * n, "output must hold size() shards: full.size() == shard.size() * n");
