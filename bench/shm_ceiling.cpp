@@ -424,11 +424,7 @@ int run(const bench::ranks::team& team, int ranks, const bench::options& o, shar
     for (bool bound : {true, false})
       for (const setting& s : grid(o.op, bytes, ranks)) {
         if (!bound && team.cpus >= ranks) continue;
-        if (bound) {
-          bench::ranks::bind_to_cpu(rank, team.allowed);
-        } else {
-          bench::ranks::unbind(team.allowed);
-        }
+        bench::ranks::place(rank, team.allowed, bound);
         team.ctl.barrier();
         std::fill(dst.begin(), dst.end(), 0.0f);
         const bench::timed_calls t = bench::time_calls(

@@ -475,11 +475,7 @@ int run(int rank, int ranks, const bench::ranks::team& team, const bench::option
     }
     // One setting's calls; rank 0 gets the slowest rank's median and the most faults.
     auto measure = [&](const setting& s, int warmup, int iters) {
-      if (s.bound) {
-        bind_to_cpu(rank, team.allowed);
-      } else {
-        bench::ranks::unbind(team.allowed);
-      }
+      bench::ranks::place(rank, team.allowed, s.bound);
       const plan p = plan_for(o.op, rank, ranks, net.peer[s.big ? 1 : 0], s.shape, order_of(s.shape), src.data(),
                               dst.data(), bytes);
       ctl.barrier();

@@ -128,8 +128,15 @@ inline void bind_to_cpu(int rank, const cpu_set_t& allowed) {
   }
 }
 
-// Every CPU in `allowed` again: the scheduler places the rank (plaitrun --bind none).
-inline void unbind(const cpu_set_t& allowed) { ::sched_setaffinity(0, sizeof allowed, &allowed); }
+// Bound as bind_to_cpu binds, or (not `bound`) every CPU in `allowed` again: the
+// scheduler places the rank (plaitrun --bind none).
+inline void place(int rank, const cpu_set_t& allowed, bool bound) {
+  if (bound) {
+    bind_to_cpu(rank, allowed);
+  } else {
+    ::sched_setaffinity(0, sizeof allowed, &allowed);
+  }
+}
 
 // The ranks in the order of their CPUs under bind_to_cpu (stable: 0, C, 2C, ..., 1, C + 1,
 // ...), so that ranks sharing a CPU stand next to each other, as plait's broadcast chain
