@@ -196,11 +196,12 @@ class communicator {
   int size() const noexcept { return core_->size(); }
   // The pipeline slice size and FIFO depth every rank agreed on at start-up; plain
   // copies (broadcast, send/recv) go in slices of copy_slice_bytes(), an all_gather
-  // over tcp in gather_slice_bytes(), and a slot holds the largest.
+  // over tcp in gather_slice_bytes() for an output of that many bytes (by default, of
+  // any size from 2 MiB up), and a slot holds the largest.
   std::size_t slice_bytes() const noexcept { return core_->config().slice_bytes; }
   std::size_t copy_slice_bytes() const noexcept { return core_->config().copy_slice_bytes; }
-  std::size_t gather_slice_bytes() const noexcept {
-    return core_->config().slice_for(detail::collective_kind::all_gather);
+  std::size_t gather_slice_bytes(std::size_t output_bytes = std::numeric_limits<std::size_t>::max()) const noexcept {
+    return core_->config().slice_for(detail::collective_kind::all_gather, output_bytes);
   }
   std::size_t pipeline_depth() const noexcept { return core_->config().depth; }
   // Full frames a link may send ahead of the peer's credits (at most
@@ -261,9 +262,10 @@ class communicator {
   // credits and wake-ups per byte; a reducing step keeps the slice, whose slot, input
   // and output stay in a core's L2: docs/performance.md, "TCP on one host: all_gather
   // in 512 KiB slices with a core per rank"). With the slice unset and ranks sharing
-  // the CPUs they are bound to (cfg.shared_cpus), a reducing step takes
-  // network_slice_shared_cpus and the copies and all_gather keep slice_default
-  // ("TCP, ranks sharing bound CPUs: reducing slices of 128 KiB").
+  // the CPUs they are bound to (cfg.shared_cpus), a reducing step and an all_gather
+  // under network_gather_small_below_bytes take network_slice_shared_cpus, and the
+  // copies and larger all_gathers keep slice_default ("TCP, ranks sharing bound CPUs:
+  // reducing slices of 128 KiB", "... all_gather under 2 MiB in 128 KiB slices").
   static void resolve_slices(detail::comm_config& cfg, int size, bool network_on_one_host) noexcept {
     using detail::comm_config;
     const bool slice_set = cfg.slice_bytes != 0;
@@ -274,6 +276,7 @@ class communicator {
       if (network_on_one_host && cfg.shared_cpus) {
         cfg.slice_bytes = comm_config::network_slice_shared_cpus;
         cfg.gather_slice_bytes = comm_config::slice_default;
+        cfg.gather_small_slice_bytes = comm_config::network_slice_shared_cpus;
         if (cfg.copy_slice_bytes == 0) cfg.copy_slice_bytes = comm_config::slice_default;
       }
     }

@@ -43,12 +43,14 @@ TEST_CASE("16 MiB per rank of float sum over shm equals the reference", "[collec
 }
 
 TEST_CASE("over shm broadcast and send/recv go in slices of at least 1 MiB unless set", "[collectives][shm]") {
-  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window, all_gather slice
-  CHECK(agreed_slices<shm>("4K", "") == v{4096, 1 << 20, 4, 4, 4096, 4096, 1 << 20, 4, 4, 4096});
-  CHECK(agreed_slices<shm>("2M", "") == v{2 << 20, 2 << 20, 4, 4, 2 << 20, 2 << 20, 2 << 20, 4, 4, 2 << 20});
-  CHECK(agreed_slices<shm>("4K", "64K") == v{4096, 65536, 4, 4, 4096, 4096, 65536, 4, 4, 4096});
+  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, window, all_gather at 2M, at 1M
+  CHECK(agreed_slices<shm>("4K", "") == v{4096, 1 << 20, 4, 4, 4096, 4096, 4096, 1 << 20, 4, 4, 4096, 4096});
+  CHECK(agreed_slices<shm>("2M", "") ==
+        v{2 << 20, 2 << 20, 4, 4, 2 << 20, 2 << 20, 2 << 20, 2 << 20, 4, 4, 2 << 20, 2 << 20});
+  CHECK(agreed_slices<shm>("4K", "64K") == v{4096, 65536, 4, 4, 4096, 4096, 4096, 65536, 4, 4, 4096, 4096});
   // Unset: memory keeps the default slice, for all_gather too.
-  CHECK(agreed_slices<shm>("", "") == v{256 << 10, 1 << 20, 4, 4, 256 << 10, 256 << 10, 1 << 20, 4, 4, 256 << 10});
+  CHECK(agreed_slices<shm>("", "") ==
+        v{256 << 10, 1 << 20, 4, 4, 256 << 10, 256 << 10, 256 << 10, 1 << 20, 4, 4, 256 << 10, 256 << 10});
 }
 
 // What a 2-rank float all_gather of `count` per rank gives, made when first asked for.

@@ -43,9 +43,9 @@ TEST_CASE("16 MiB per rank of float sum over tcp equals the reference", "[collec
 
 TEST_CASE("over tcp broadcast and send/recv go in the pipeline slice unless set; a 3-slot window on one host",
           "[collectives][tcp]") {
-  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window, all_gather slice
-  CHECK(agreed_slices<tcp>("4K", "") == v{4096, 4096, 4, 3, 4096, 4096, 4096, 4, 3, 4096});
-  CHECK(agreed_slices<tcp>("4K", "16K") == v{4096, 16384, 4, 3, 4096, 4096, 16384, 4, 3, 4096});
+  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, window, all_gather at 2M, at 1M
+  CHECK(agreed_slices<tcp>("4K", "") == v{4096, 4096, 4, 3, 4096, 4096, 4096, 4096, 4, 3, 4096, 4096});
+  CHECK(agreed_slices<tcp>("4K", "16K") == v{4096, 16384, 4, 3, 4096, 4096, 4096, 16384, 4, 3, 4096, 4096});
 }
 
 TEST_CASE("over tcp the ranks agree whether they share one host, and take a 3-slot send window only then",
@@ -130,34 +130,44 @@ TEST_CASE("over tcp on one host ranks that share a CPU are next to each other on
 
 TEST_CASE("over tcp on one host with a core per rank all_gather goes in 512 KiB slices unless the slice is set",
           "[collectives][tcp]") {
-  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window, all_gather slice
+  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, window, all_gather at 2M, at 1M
   constexpr std::uint64_t K = 1024;
   const std::uint64_t gather = plait::detail::more_ranks_than_cores(2) ? 256 * K : 512 * K;
-  CHECK(agreed_slices<tcp>("", "") == v{256 * K, 256 * K, 4, 3, gather, 256 * K, 256 * K, 4, 3, gather});
-  CHECK(agreed_slices<tcp>("256K", "") == v{256 * K, 256 * K, 4, 3, 256 * K, 256 * K, 256 * K, 4, 3, 256 * K});
-  CHECK(agreed_slices<tcp>("", "64K") == v{256 * K, 64 * K, 4, 3, gather, 256 * K, 64 * K, 4, 3, gather});
+  CHECK(agreed_slices<tcp>("", "") ==
+        v{256 * K, 256 * K, 4, 3, gather, gather, 256 * K, 256 * K, 4, 3, gather, gather});
+  CHECK(agreed_slices<tcp>("256K", "") ==
+        v{256 * K, 256 * K, 4, 3, 256 * K, 256 * K, 256 * K, 256 * K, 4, 3, 256 * K, 256 * K});
+  CHECK(agreed_slices<tcp>("", "64K") ==
+        v{256 * K, 64 * K, 4, 3, gather, gather, 256 * K, 64 * K, 4, 3, gather, gather});
 }
 
-TEST_CASE("over tcp on one host ranks bound to a shared CPU reduce in 128 KiB slices unless the slice is set",
-          "[collectives][tcp][chain]") {
-  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, send window, all_gather slice
+TEST_CASE(
+    "over tcp on one host ranks bound to a shared CPU reduce, and gather under 2 MiB, in 128 KiB slices unless the "
+    "slice is set",
+    "[collectives][tcp][chain]") {
+  using v = std::vector<std::uint64_t>;  // per rank: slice, copy slice, depth, window, all_gather at 2M, at 1M
   constexpr std::uint64_t K = 1024;
   cpu_set_t allowed;
   REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
   std::vector<int> cpus;
   for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
     if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-  // Both ranks on one CPU: a reducing step's slice is 128 KiB; the copies and
-  // all_gather keep 256 KiB (slots hold the largest), and the window is 3 frames.
+  // Both ranks on one CPU: a reducing step's slice and an all_gather's under 2 MiB
+  // of output are 128 KiB; the copies and larger all_gathers keep 256 KiB (slots hold
+  // the largest), and the window is 3 frames.
   const auto same = [&](int) { return cpus[0]; };
-  CHECK(agreed_slices<tcp>("", "", same) == v{128 * K, 256 * K, 4, 3, 256 * K, 128 * K, 256 * K, 4, 3, 256 * K});
+  CHECK(agreed_slices<tcp>("", "", same) ==
+        v{128 * K, 256 * K, 4, 3, 256 * K, 128 * K, 128 * K, 256 * K, 4, 3, 256 * K, 128 * K});
   // A slice or copy slice that was set stays.
-  CHECK(agreed_slices<tcp>("64K", "", same) == v{64 * K, 64 * K, 4, 3, 64 * K, 64 * K, 64 * K, 4, 3, 64 * K});
-  CHECK(agreed_slices<tcp>("", "64K", same) == v{128 * K, 64 * K, 4, 3, 256 * K, 128 * K, 64 * K, 4, 3, 256 * K});
+  CHECK(agreed_slices<tcp>("64K", "", same) ==
+        v{64 * K, 64 * K, 4, 3, 64 * K, 64 * K, 64 * K, 64 * K, 4, 3, 64 * K, 64 * K});
+  CHECK(agreed_slices<tcp>("", "64K", same) ==
+        v{128 * K, 64 * K, 4, 3, 256 * K, 128 * K, 128 * K, 64 * K, 4, 3, 256 * K, 128 * K});
   // A CPU each: as unbound (with a core per rank, all_gather in 512 KiB slices).
   if (cpus.size() >= 2) {
     const std::uint64_t gather = plait::detail::more_ranks_than_cores(2) ? 256 * K : 512 * K;
     const auto apart = [&](int r) { return cpus[static_cast<std::size_t>(r)]; };
-    CHECK(agreed_slices<tcp>("", "", apart) == v{256 * K, 256 * K, 4, 3, gather, 256 * K, 256 * K, 4, 3, gather});
+    CHECK(agreed_slices<tcp>("", "", apart) ==
+          v{256 * K, 256 * K, 4, 3, gather, gather, 256 * K, 256 * K, 4, 3, gather, gather});
   }
 }

@@ -192,6 +192,13 @@ TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice, over
   CHECK(cfg.slice_for(collective_kind::all_reduce, 32 * M) == 4096u);
   CHECK(cfg.slice_for(collective_kind::broadcast, 32 * M) == (1u << 20));
   CHECK(cfg.slot_bytes() == (2u << 20));
+  // A slice of its own under 2 MiB of output where set (ranks sharing bound CPUs).
+  cfg.gather_small_slice_bytes = 128 << 10;
+  CHECK(cfg.slice_for(collective_kind::all_gather, 4096) == (128u << 10));
+  CHECK(cfg.slice_for(collective_kind::all_gather, 2 * M - 1) == (128u << 10));
+  CHECK(cfg.slice_for(collective_kind::all_gather, 2 * M) == (2u << 20));
+  CHECK(cfg.slice_for(collective_kind::all_reduce, 4096) == 4096u);
+  CHECK(cfg.slot_bytes() == (2u << 20));
   // Over memory it has none.
   cfg.network = false;
   CHECK(cfg.slice_for(collective_kind::all_gather, 4096) == 4096u);

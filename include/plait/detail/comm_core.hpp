@@ -163,6 +163,14 @@ struct comm_config {
   bool shared_cpus = false;
   static constexpr std::size_t network_slice_shared_cpus =
       128 * 1024;  // docs/performance.md, "TCP, ranks sharing bound CPUs: reducing slices of 128 KiB"
+  // The slice of an all_gather over a network transport whose output is under
+  // network_gather_small_below_bytes; 0: none (gather_slice_bytes, or the slice).
+  // communicator::create sets network_slice_shared_cpus with shared_cpus, unless the
+  // slice was set: more, smaller frames let the ranks on one CPU overlap a step's
+  // writes and reads (docs/performance.md, "TCP, ranks sharing bound CPUs: all_gather
+  // under 2 MiB in 128 KiB slices").
+  std::size_t gather_small_slice_bytes = 0;
+  static constexpr std::size_t network_gather_small_below_bytes = std::size_t{2} << 20;
   // Every peer can read one copy of a payload (transport_traits::shares_copies, and
   // not a network transport, so a hybrid only on one host): `automatic` takes direct
   // for broadcast and large all_gather. Set by communicator::create.
@@ -172,8 +180,12 @@ struct comm_config {
   // copies', and all_gather's of 8 to 64 MiB (executor::gather_in_copy_slices), take
   // copy_slice_bytes. Every rank computes the same from the same call.
   // (all_gather's copy slices are for memory transports: over a network one an
-  // all_gather takes gather_slice_bytes, where set, or the slice, at every size.)
+  // all_gather takes gather_small_slice_bytes under network_gather_small_below_bytes,
+  // where set, else gather_slice_bytes, where set, or the slice.)
   std::size_t slice_for(collective_kind kind, std::size_t output_bytes = 0) const noexcept {
+    if (kind == collective_kind::all_gather && network && gather_small_slice_bytes != 0 &&
+        output_bytes < network_gather_small_below_bytes)
+      return gather_small_slice_bytes;
     if (kind == collective_kind::all_gather && network && gather_slice_bytes != 0) return gather_slice_bytes;
     const bool plain_copy =
         kind == collective_kind::broadcast || kind == collective_kind::point_to_point ||
@@ -182,7 +194,8 @@ struct comm_config {
   }
   // A slot's payload capacity: the largest slice.
   std::size_t slot_bytes() const noexcept {
-    return std::max({slice_bytes, copy_slice_bytes, network ? gather_slice_bytes : 0});
+    return std::max(
+        {slice_bytes, copy_slice_bytes, network ? gather_slice_bytes : 0, network ? gather_small_slice_bytes : 0});
   }
 };
 
