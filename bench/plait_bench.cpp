@@ -165,12 +165,21 @@ struct bench_run {
     in.assign(max_count, T{});  // touched here, not in the timed loop
     out.assign(max_count, T{});
     const bool shm = o.transport == "shm";
+    // all_gather's slice, and its slice for smaller outputs where that differs.
+    const auto gather_slices = [&] {
+      constexpr std::size_t below = plait::detail::comm_config::network_gather_small_below_bytes;
+      const std::size_t large = comm.gather_slice_bytes(), small = comm.gather_slice_bytes(below - 1);
+      return std::to_string(large) + " B" +
+             (small != large
+                  ? ", under " + std::to_string(below >> 20) + " MiB of output " + std::to_string(small) + " B"
+                  : std::string());
+    };
     bench::report rep(o, "plait", "0.1", n,
                       "algorithm " + o.algo + (comm.core().config().one_host ? " (all ranks on one host)" : "") +
                           chain() + ", slice " + std::to_string(comm.slice_bytes()) + " B (broadcast, send/recv " +
                           std::to_string(comm.copy_slice_bytes()) + " B" +
-                          (shm ? "" : ", all_gather " + std::to_string(comm.gather_slice_bytes()) + " B") +
-                          "), depth " + std::to_string(comm.pipeline_depth()) +
+                          (shm ? "" : ", all_gather " + gather_slices()) + "), depth " +
+                          std::to_string(comm.pipeline_depth()) +
                           (shm ? "" : ", send window " + std::to_string(comm.send_window()) + " slots") +
                           (shm ? "" : ", congestion control on this host " + congestion()) + ", " + streamed() +
                           "; rank 0 " + cpus_of_this_rank() + "; PLAIT_* environment as launched",
