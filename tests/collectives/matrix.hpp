@@ -265,8 +265,8 @@ void check_streamed(int ranks) {
 
 // The slices and depth every rank of a 2-rank job agreed on, given PLAIT_SLICE_BYTES
 // and PLAIT_COPY_SLICE_BYTES (empty: unset), with rank r bound to CPU cpu(r) where
-// given: {slice, copy slice, depth, send window, all_gather slice (from 2 MiB), all_gather slice
-// at 1 MiB of output} of rank 0, then rank 1.
+// given: {slice, copy slice, depth, send window, all_gather slice from 2 MiB of output,
+// all_gather slice at 1 MiB} of rank 0, then rank 1.
 template <class Tr>
 std::vector<std::uint64_t> agreed_slices(const std::string& slice, const std::string& copy_slice,
                                          std::function<int(int)> cpu = {}) {

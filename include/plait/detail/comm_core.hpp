@@ -183,10 +183,11 @@ struct comm_config {
   // all_gather takes gather_small_slice_bytes under network_gather_small_below_bytes,
   // where set, else gather_slice_bytes, where set, or the slice.)
   std::size_t slice_for(collective_kind kind, std::size_t output_bytes = 0) const noexcept {
-    if (kind == collective_kind::all_gather && network && gather_small_slice_bytes != 0 &&
-        output_bytes < network_gather_small_below_bytes)
-      return gather_small_slice_bytes;
-    if (kind == collective_kind::all_gather && network && gather_slice_bytes != 0) return gather_slice_bytes;
+    if (kind == collective_kind::all_gather && network) {
+      if (gather_small_slice_bytes != 0 && output_bytes < network_gather_small_below_bytes)
+        return gather_small_slice_bytes;
+      if (gather_slice_bytes != 0) return gather_slice_bytes;
+    }
     const bool plain_copy =
         kind == collective_kind::broadcast || kind == collective_kind::point_to_point ||
         (kind == collective_kind::all_gather && !network && executor::gather_in_copy_slices(output_bytes));
@@ -195,7 +196,7 @@ struct comm_config {
   // A slot's payload capacity: the largest slice.
   std::size_t slot_bytes() const noexcept {
     return std::max(
-        {slice_bytes, copy_slice_bytes, network ? gather_slice_bytes : 0, network ? gather_small_slice_bytes : 0});
+        {slice_bytes, copy_slice_bytes, network ? std::max(gather_slice_bytes, gather_small_slice_bytes) : 0});
   }
 };
 
