@@ -37,7 +37,7 @@
 #include <vector>
 
 #include <plait/detail/doorbell.hpp>
-#include <plait/detail/lend_choice.hpp>
+#include <plait/detail/timed_choice.hpp>
 #include <plait/error.hpp>
 #include <plait/kernel/copy.hpp>
 #include <plait/schedule.hpp>
@@ -74,6 +74,9 @@ struct call {
   // alone decides); `timed`: comm_core times the call for lend_choice from when it
   // entered the engine (deadline - timeout).
   lend_plan lend = lend_plan::rule;
+  // A broadcast's choice between slots written past the cache and plain ones
+  // (stream_choice; rule: streams_slots and what the readers measured decide).
+  stream_plan stream = stream_plan::rule;
   bool timed = false;
   // Sends whose payload the transport still reads from this call's buffers
   // (link_set::post_from): no step may write over them, and the call is not done,
@@ -289,8 +292,12 @@ class executor {
   // slots); all_reduce and reduce_scatter behind (all_reduce 128K 16.4 -> 21.6), so
   // not there: there each rank writes its slot and reads the other's at once, and
   // no sender runs ahead of its reader.
+  // Which of the two is faster depends on the host (the same 64 KiB slot: streamed 4.4
+  // against plain 9.2 us on one host type, 6.3 against 3.5 on another), so a broadcast
+  // times both (call::stream, comm_core's stream_choice), and once a reader has
+  // measured a size, its writers follow it (link_set::streamed_slots_measured).
   bool streams_slots(const call& c, std::size_t bytes) const noexcept {
-    if (oversubscribed_) return false;
+    if (oversubscribed_ || c.stream == stream_plan::plain) return false;
     return c.desc.kind == collective_kind::broadcast ||
            (c.desc.kind == collective_kind::all_gather && bytes >= gather_streams_slots_from);
   }
@@ -467,7 +474,9 @@ class executor {
       if (nslots > 0 && streams_slots(c, bytes) && !s.finalize && nr + (local != nullptr ? 1 : 0) == 1) {
         streamed = nslots;
         for (int p : s.send_peer)
-          if (p >= 0 && !links_->streams_slots(p, bytes)) streamed = 0;
+          if (p >= 0 && (!links_->streams_slots(p, bytes) ||
+                         (c.stream == stream_plan::rule && links_->streamed_slots_measured(p, bytes) == 0)))
+            streamed = 0;
       }
     }
     // A send from the local source goes before the kernel runs (it does not write

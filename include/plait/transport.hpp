@@ -193,6 +193,22 @@ class link_set {
     return false;
   }
 
+  // Which of the two `peer` read faster, as it measured and passed on with
+  // measured_streamed_slots() for slots of about `bytes` (the same power of two):
+  // 1 streamed, 0 plain, -1 not measured (then streams_slots() alone decides).
+  virtual int streamed_slots_measured(int peer, std::size_t bytes) const {
+    (void)peer;
+    (void)bytes;
+    return -1;
+  }
+  // Passes to every peer that writes slots to this rank which of the two this rank
+  // read faster for slots of about `bytes` (`streamed`: non-temporal stores). The
+  // default keeps nothing (a transport that never streams).
+  virtual void measured_streamed_slots(std::size_t bytes, bool streamed) {
+    (void)bytes;
+    (void)streamed;
+  }
+
   // One payload for several peers, copied once (optional; the defaults say no).
   // Where shares_copies(peer) holds, stage() copies `bytes` at `payload` into memory
   // that every such peer reads (shm: a pool in this rank's segment) and returns a

@@ -87,10 +87,11 @@ TEST_CASE("2-rank all_gather over shm is exact while it times lending against sl
   });
 }
 
-// With a core per rank, broadcast (16 KiB to 256 KiB per slot) and all_gather (64 KiB
-// to 256 KiB) fill their slots with non-temporal stores (executor::streams_slots):
-// every size in and at the edges of that range, with odd tails and with buffers 4
-// bytes off their allocation's alignment, must be exact.
+// With a core per rank, broadcast (16 KiB to 256 KiB per slot; streamed or plain, as
+// the reader timed both) and all_gather (64 KiB to 256 KiB) fill their slots with
+// non-temporal stores (executor::streams_slots): every size in and at the edges of
+// that range, with odd tails and with buffers 4 bytes off their allocation's
+// alignment, and every call while a broadcast size times both, must be exact.
 TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are written past the cache",
           "[collectives][shm]") {
   rank_options defaults;  // the default slices (256 KiB; broadcast 1 MiB): slots in that range
@@ -103,6 +104,19 @@ TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are wr
         for (std::size_t count :
              {std::size_t{4095}, std::size_t{4099}, std::size_t{16387}, std::size_t{65535}, std::size_t{65536}})
           add_others<shm, float, plait::sum>(cs, 2, count);
+        // 8 calls of a size: the first 3 stream, the next 3 are plain (stream_choice),
+        // then what the reader found faster. The root changes its buffer every call.
+        for (std::size_t count : {std::size_t{4099}, std::size_t{16384}, std::size_t{40001}})
+          for (int call = 0; call < 8; ++call)
+            cs.push_back({"broadcast count=" + std::to_string(count) + " call " + std::to_string(call),
+                          [count, call](plait::communicator<shm>& c) {
+                            std::vector<float> buf(count, -1.0f);
+                            if (c.rank() == 0) buf = exact_pattern<float, plait::sum>(call, count);
+                            plait::broadcast(c, std::span<float>(buf), 0);
+                            return to_blob(buf);
+                          },
+                          [count, call](int) { return to_blob(exact_pattern<float, plait::sum>(call, count)); },
+                          &diff_as<float>});
         for (std::size_t count : {std::size_t{16387}, std::size_t{40001}}) {
           cs.push_back({"broadcast off alignment count=" + std::to_string(count),
                         [count](plait::communicator<shm>& c) {

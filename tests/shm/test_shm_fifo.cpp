@@ -351,3 +351,45 @@ TEST_CASE("shm staging: one copy read in place by two peers, held until both rel
   CHECK(results[2] == "ok");
   CHECK(shm_leftovers(dir.job_key()).empty());
 }
+
+// What a reader measured about slots written past the cache (link_set::
+// measured_streamed_slots) reaches the rank that writes to it, per power of two of
+// slot bytes, and a later measurement of the same sizes replaces it.
+TEST_CASE("shm: a reader's measurement of streamed slots reaches its writer", "[shm][fifo]") {
+  temp_dir dir;
+  const auto results = run_ranks(2, std::chrono::seconds(60), [&](int r, int) -> std::string {
+    plait::testing::file_bootstrap ctx(dir.path(), r, 2);
+    plait::detail::doorbell bell;
+    const std::vector<int> peers{1 - r};
+    auto links = plait::transport::shm::connect(ctx, bell, config(slot, depth), peers);
+    const auto deadline = clock::now() + std::chrono::seconds(20);
+    const std::byte one{1};
+    const auto seen = [&](std::size_t bytes) { return links->streamed_slots_measured(1, bytes); };
+    if (r == 1) {
+      links->measured_streamed_slots(64 * 1024, false);
+      links->measured_streamed_slots(128 * 1024, true);
+      links->measured_streamed_slots(512, true);  // below 1 KiB: kept nowhere
+      ctx.put("measured", std::span(&one, 1));
+      ctx.get("seen", deadline);
+      links->measured_streamed_slots(65536 + 4096, true);  // the same power of two as 64 KiB
+      links->measured_streamed_slots(128 * 1024, false);
+      ctx.put("measured-again", std::span(&one, 1));
+      ctx.barrier("done", deadline);
+      return "ok";
+    }
+    ctx.get("measured", deadline);
+    if (seen(64 * 1024) != 0 || seen(100 * 1024) != 0)
+      return "64 KiB: " + std::to_string(seen(64 * 1024)) + " instead of 0 (plain)";
+    if (seen(128 * 1024) != 1) return "128 KiB: " + std::to_string(seen(128 * 1024)) + " instead of 1 (streamed)";
+    if (seen(32 * 1024) != -1 || seen(256 * 1024) != -1 || seen(512) != -1 || seen(std::size_t{1} << 30) != -1)
+      return "a size nobody measured is not -1";
+    ctx.put("seen", std::span(&one, 1));
+    ctx.get("measured-again", deadline);
+    if (seen(64 * 1024) != 1 || seen(128 * 1024) != 0) return "the second measurement did not replace the first";
+    ctx.barrier("done", deadline);
+    return "ok";
+  });
+  CHECK(results[0] == "ok");
+  CHECK(results[1] == "ok");
+  CHECK(shm_leftovers(dir.job_key()).empty());
+}

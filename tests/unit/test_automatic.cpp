@@ -250,3 +250,44 @@ TEST_CASE("lend_choice times both plans per size, then keeps the faster", "[auto
   CHECK(lc.next(1 << 20, timed) == lend_plan::lend);
   CHECK_FALSE(timed);
 }
+
+// stream_choice (comm_core: broadcast with a core per rank): the same blocks, streamed
+// slots first; only the ranks that receive record their times, and the call at which
+// a size settles says so once (comm_core then passes it to the writers). A rank that
+// timed one plan only (a root, or a reader whose calls were not all timed) settles
+// on the rule.
+TEST_CASE("stream_choice settles once per size, on the rule where one plan was never timed", "[automatic]") {
+  using plait::detail::stream_choice;
+  using plait::detail::stream_plan;
+  using ns = std::chrono::nanoseconds;
+  const auto run = [](stream_choice& sc, std::size_t bytes, bool record_stream, bool record_plain, ns stream_took,
+                      ns plain_took) {
+    bool timed = false, settled = true;
+    for (int i = 0; i < stream_choice::explore_calls; ++i) {
+      const stream_plan p = sc.next(bytes, timed, settled);
+      CHECK(p == (i < stream_choice::block ? stream_plan::stream : stream_plan::plain));
+      CHECK_FALSE(settled);
+      const bool wanted = p == stream_plan::stream ? record_stream : record_plain;
+      if (timed && wanted) sc.record(bytes, p, p == stream_plan::stream ? stream_took : plain_took);
+    }
+    const stream_plan kept = sc.next(bytes, timed, settled);
+    CHECK(settled);
+    CHECK_FALSE(timed);
+    for (int i = 0; i < 3; ++i) {
+      CHECK(sc.next(bytes, timed, settled) == kept);
+      CHECK_FALSE(settled);
+    }
+    sc.record(bytes, stream_plan::plain, ns(1));  // after settling, times change nothing
+    CHECK(sc.decided(bytes) == kept);
+    return kept;
+  };
+  stream_choice sc;
+  // The reader of a 64 KiB broadcast on the 480 MiB host type, and on the 32 MiB one.
+  CHECK(run(sc, 1 << 16, true, true, ns(6300), ns(3500)) == stream_plan::plain);
+  CHECK(run(sc, 3 << 16, true, true, ns(4400), ns(9200)) == stream_plan::stream);
+  CHECK(run(sc, 1 << 17, true, true, ns(10000), ns(9000)) == stream_plan::stream);  // 0.9x: the rule
+  // The root: nothing timed.
+  CHECK(run(sc, 1 << 15, false, false, ns(0), ns(0)) == stream_plan::rule);
+  // One plan timed only.
+  CHECK(run(sc, 5 << 12, false, true, ns(0), ns(1000)) == stream_plan::rule);
+}

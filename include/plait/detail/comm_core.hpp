@@ -425,7 +425,14 @@ class comm_core {
   void take_in(const std::shared_ptr<flight>& f, clock::time_point now) {
     call& c = *f->c;
     c.deadline = now + c.timeout;
-    if (times_lending(c)) c.lend = lend_choice_.next(gather_bytes(c), c.timed);
+    if (times_lending(c)) {
+      c.lend = lend_choice_.next(gather_bytes(c), c.timed);
+    } else if (times_streaming(c)) {
+      bool settled = false;
+      c.stream = stream_choice_.next(call_bytes(c), c.timed, settled);
+      if (settled && c.stream != stream_plan::rule)
+        links_->measured_streamed_slots(call_bytes(c), c.stream == stream_plan::stream);
+    }
     active_.push_back(f);
   }
 
@@ -554,8 +561,13 @@ class comm_core {
       return;
     }
     while (!active_.empty() && active_.front()->c->done()) {
-      if (const call& c = *active_.front()->c; c.timed)
-        lend_choice_.record(gather_bytes(c), c.lend, clock::now() - (c.deadline - c.timeout));
+      if (const call& c = *active_.front()->c; c.timed) {
+        const auto took = clock::now() - (c.deadline - c.timeout);
+        if (c.desc.kind == collective_kind::all_gather)
+          lend_choice_.record(gather_bytes(c), c.lend, took);
+        else if (c.desc.root != rank_)  // a broadcast: the readers' times are what counts
+          stream_choice_.record(call_bytes(c), c.stream, took);
+      }
       finish(*active_.front(), nullptr);
       retire(*active_.front());
       std::shared_ptr<flight> done = std::move(active_.front());
@@ -576,6 +588,18 @@ class comm_core {
     const std::size_t bytes = gather_bytes(c);
     return bytes >= executor::lend_gather_from_bytes && bytes < executor::lend_from_call_bytes;
   }
+  // A broadcast of one slot that the transport may write past the cache, with a core
+  // per rank (executor::streams_slots): stream_choice times streamed slots against
+  // plain ones for its size, on the ranks that receive (docs/performance.md, "Slots
+  // written past the cache or not, by timing both").
+  bool times_streaming(const call& c) const noexcept {
+    if (c.desc.kind != collective_kind::broadcast || oversubscribed_ || links_ == nullptr || size_ < 2 ||
+        cfg_.network || cfg_.lend_always)
+      return false;
+    const std::size_t bytes = call_bytes(c);
+    return bytes <= cfg_.slice_for(collective_kind::broadcast) && links_->streams_slots((rank_ + 1) % size_, bytes);
+  }
+  std::size_t call_bytes(const call& c) const noexcept { return static_cast<std::size_t>(c.desc.count) * c.elem_size; }
   std::size_t gather_bytes(const call& c) const noexcept {
     return static_cast<std::size_t>(c.desc.count) * c.elem_size * static_cast<std::size_t>(size_);
   }
@@ -667,6 +691,7 @@ class comm_core {
   comm_config cfg_;
   bool oversubscribed_ = false;  // more ranks than cores on this host (likely)
   lend_choice lend_choice_;      // all_gather: lend or slots, per output size (times_lending)
+  stream_choice stream_choice_;  // broadcast: slots streamed or plain, per size (times_streaming)
   doorbell bell_;
   std::unique_ptr<link_set> links_;
   std::unique_ptr<bootstrap_context> ctx_;

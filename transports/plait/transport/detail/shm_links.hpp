@@ -45,6 +45,7 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -178,6 +179,25 @@ class shm_link_set final : public link_set {
   bool streams_slots(int peer, std::size_t bytes) const override {
     (void)link_for(peer, "streams_slots");
     return bytes >= stream_slots_from && bytes < stream_slots_below;
+  }
+  // The reader's measurement (link_set): two bits per power of two of slot bytes in
+  // fifo_control::streamed_faster, measured and which one won.
+  int streamed_slots_measured(int peer, std::size_t bytes) const override {
+    const std::uint32_t word =
+        link_for(peer, "streamed_slots_measured").out_ctl->streamed_faster.load(std::memory_order_relaxed);
+    const unsigned bit = streamed_bit(bytes);
+    if (bit >= 32 || (word >> bit & 1u) == 0) return -1;
+    return static_cast<int>(word >> (bit + 1) & 1u);
+  }
+  void measured_streamed_slots(std::size_t bytes, bool streamed) override {
+    const unsigned bit = streamed_bit(bytes);
+    if (bit >= 32) return;
+    for (link& l : links_) {
+      // Only this rank writes the word (it is the consumer of every in FIFO).
+      std::uint32_t word = l.in_ctl->streamed_faster.load(std::memory_order_relaxed);
+      word = (word & ~(3u << bit)) | 1u << bit | (streamed ? 2u << bit : 0u);
+      l.in_ctl->streamed_faster.store(word, std::memory_order_relaxed);
+    }
   }
 
   bool shares_copies(int peer) const override {
@@ -426,6 +446,13 @@ class shm_link_set final : public link_set {
                       ", which this shm link set does not reach",
                   rank_, peer);
     return links_[static_cast<std::size_t>(index_of_[static_cast<std::size_t>(peer)])];
+  }
+
+  // Where streamed_faster keeps slots of `bytes`: bit 2 x (floor(log2 bytes) - 10),
+  // for slots of 1 KiB up to 64 MiB (16 powers of two); 32 (kept nowhere) outside.
+  static unsigned streamed_bit(std::size_t bytes) noexcept {
+    const auto log2 = static_cast<unsigned>(std::bit_width(bytes)) - 1u;
+    return bytes == 0 || log2 < 10 || log2 >= 26 ? 32u : 2u * (log2 - 10u);
   }
 
   std::byte* out_slot(const link& l) const noexcept {

@@ -81,6 +81,10 @@ struct fifo_entry {
 
 struct alignas(false_sharing_span) fifo_control {
   alignas(false_sharing_span) std::atomic<std::uint64_t> tail{0};  // slots posted: written by the producer
+  // Written by the consumer, rarely (shm_link_set::measured_streamed_slots): per power
+  // of two of slot bytes, whether it read slots filled with non-temporal stores faster
+  // than plain ones. Beside the producer's tail, which the producer reads it with.
+  std::atomic<std::uint32_t> streamed_faster{0};
   alignas(false_sharing_span) std::atomic<std::uint64_t> head{0};  // slots released: written by the consumer
   // Set by the consumer at connect, before the "shm-mapped" barrier, when it can copy
   // straight from the producer's memory (shm_single_copy.hpp): the producer may then

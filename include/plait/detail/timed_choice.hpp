@@ -1,0 +1,152 @@
+// timed_choice: a choice between two plans for a call, made per size by timing both
+// on this host, where which one is faster depends on the host, not on the call.
+//
+// The first `block` calls of a size take the first plan (the rule's own), the next
+// `block` the second, each but the first of a block timed from entering the engine to
+// completion, and the size then keeps the plan whose fastest call was faster. The
+// second must win by `margin` (near ties stay on the rule). A size none of whose
+// calls was timed under both plans (record() was never called for one of them)
+// settles on the rule.
+// Exploring calls are matched across ranks (the n-th call of a size is the same call
+// everywhere), so every rank runs the same plan at the same call.
+//
+// Two choices use it (comm_core):
+// - lend_choice: whether an all_gather lends its block (the peer copies it from this
+//   rank's memory, CMA on shm) or sends it through slots (comm_core::times_lending: a
+//   core per rank, 64 KiB up to the 8 MiB where the copy slices' rule takes over).
+//   With a core per rank, 2 ranks, shm, 1 MiB of output, lending took 71 us against
+//   the slots' 109 on one host type (480 MiB L3) and 57 against 40 on another (32 MiB
+//   L3), where the kernel's copy runs at about 10 GB/s and a slot crosses between the
+//   cores' caches quickly (docs/performance.md, "all_gather lends or not, by timing
+//   both"). Every rank times its own calls and decides for its own sends only: a
+//   receiver takes a lent slot and a plain one alike, so ranks that decide
+//   differently still agree on the schedule, but such a mix is slower than either
+//   plan (one rank's copy through the slot, then the other's read of the lent
+//   block), and the margin keeps near ties, where two ranks' timings could fall on
+//   either side, on the rule.
+// - stream_choice: whether a broadcast's slots are written with non-temporal stores
+//   (the reader copies them from memory) or plain ones (from the writer's cache)
+//   (comm_core::times_streaming: a core per rank, where the transport streams such
+//   slots). 2 ranks, shm, 64 KiB: streamed 4.4 against plain 9.2 us per slot on one
+//   host type (32 MiB L3), 6.3 against 3.5 on another (480 MiB L3)
+//   (docs/performance.md, "Slots written past the cache or not, by timing both").
+//   What counts is the reader's time, so only ranks that receive record theirs, and
+//   a rank passes its decision to the ranks that write to it (link_set::
+//   measured_streamed_slots); the root has nothing to time.
+//
+// PLAIT_DEBUG=info logs each size's choice with the best times.
+//
+// The table is fixed in size (no allocation on the hot path): a size that maps to
+// a slot held by another starts over there. Thread-safety: used under the engine lock.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include <plait/detail/env.hpp>
+
+namespace plait::detail {
+
+enum class lend_plan : std::uint8_t { rule, lend, slots };
+enum class stream_plan : std::uint8_t { rule, stream, plain };
+
+// What a choice is about, for its log lines: "<what> of N B: <plan>".
+struct choice_names {
+  const char* what;
+  const char* first;
+  const char* second;
+};
+
+template <class Plan, Plan First, Plan Second>
+class timed_choice {
+ public:
+  // The calls of a size that choose: each plan in a block of `block` calls, the
+  // first of which is not timed (the first call of a size touches fresh pages, and a
+  // plan's first call after the other's finds the caches set for the other).
+  static constexpr int block = 3;
+  static constexpr int explore_calls = 2 * block;
+  static constexpr double margin = 0.85;  // the second kept when its best <= margin x the first's best
+  static constexpr std::size_t table_size = 16;
+
+  explicit timed_choice(choice_names names) noexcept : names_(names) {}
+
+  // The plan for the next call of this size, counted as issued; `timed` is set where
+  // its time is wanted (record()). Calls are counted when they are issued, not when
+  // they end, so that every rank gives the n-th call the same plan even when calls
+  // overlap. `settled` is set on the one call at which the size settles.
+  Plan next(std::size_t bytes, bool& timed, bool& settled) noexcept {
+    entry& e = at(bytes);
+    const int n = e.issued < explore_calls ? e.issued++ : e.issued;
+    timed = n < explore_calls && n % block != 0;
+    settled = false;
+    if (n < explore_calls) return n < block ? First : Second;
+    if (!e.settled) {
+      e.settled = settled = true;
+      const bool measured = e.best[0] != never && e.best[1] != never;
+      if (measured)
+        e.decided =
+            static_cast<double>(e.best[1].count()) <= margin * static_cast<double>(e.best[0].count()) ? Second : First;
+      log(log_level::info, names_.what, " of ", bytes, " B: ",
+          !measured             ? "the rule (not timed both ways)"
+          : e.decided == Second ? names_.second
+                                : names_.first,
+          " (best call ", names_.first, " ", ms(e.best[0]), " us, ", names_.second, " ", ms(e.best[1]), " us)");
+    }
+    return e.decided;
+  }
+  Plan next(std::size_t bytes, bool& timed) noexcept {
+    bool settled = false;
+    return next(bytes, timed, settled);
+  }
+
+  // The time of a call that next() said was timed, under the plan it gave.
+  void record(std::size_t bytes, Plan plan, std::chrono::nanoseconds took) noexcept {
+    entry& e = at(bytes);
+    if (e.settled || (plan != First && plan != Second)) return;
+    auto& best = e.best[plan == Second ? 1 : 0];
+    if (took < best) best = took;
+  }
+
+  // The plan this size settled on (the rule until it has, or where it settled there).
+  Plan decided(std::size_t bytes) noexcept { return at(bytes).decided; }
+
+ private:
+  static constexpr std::chrono::nanoseconds never = std::chrono::nanoseconds::max();
+  static double ms(std::chrono::nanoseconds t) noexcept { return t == never ? -1.0 : t.count() / 1000.0; }
+
+  struct entry {
+    std::size_t bytes = 0;
+    int issued = 0;
+    std::array<std::chrono::nanoseconds, 2> best{never, never};  // First, Second
+    Plan decided{};                                              // value-initialised: the rule
+    bool settled = false;
+  };
+
+  entry& at(std::size_t bytes) noexcept {
+    // Sizes a program uses are mostly powers of two apart, or close to one another:
+    // mix the bits so neither crowds one slot.
+    const std::uint64_t h = static_cast<std::uint64_t>(bytes) * 0x9E3779B97F4A7C15ull;
+    entry& e = table_[static_cast<std::size_t>(h >> 60) % table_size];
+    if (e.bytes != bytes) e = entry{bytes};
+    return e;
+  }
+
+  choice_names names_;
+  std::array<entry, table_size> table_{};
+};
+
+// all_gather: lend the block or send it through slots (rule: lending).
+class lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::slots> {
+ public:
+  lend_choice() noexcept : timed_choice({"all_gather", "lending", "through slots"}) {}
+};
+
+// broadcast: slots written past the cache or not (rule: streamed, where the transport says so).
+class stream_choice : public timed_choice<stream_plan, stream_plan::stream, stream_plan::plain> {
+ public:
+  stream_choice() noexcept : timed_choice({"broadcast", "slots streamed", "plain slots"}) {}
+};
+
+}  // namespace plait::detail
