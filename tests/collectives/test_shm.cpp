@@ -71,7 +71,8 @@ auto gathered(std::size_t count) {
 TEST_CASE("2-rank all_gather over shm is exact while it times lending against slots", "[collectives][shm]") {
   check_cases<shm>(2, [] {
     case_list<shm> cs;
-    for (std::size_t count : {std::size_t{32768}, std::size_t{131072} + 1}) {
+    // 16K blocks (the smallest that lend) and 32K + 4 bytes, then 128K and 512K + 4.
+    for (std::size_t count : {std::size_t{4096}, std::size_t{8193}, std::size_t{32768}, std::size_t{131072} + 1}) {
       auto full = gathered(count);
       for (int call = 0; call < 10; ++call)
         cs.push_back({"all_gather count=" + std::to_string(count) + " call " + std::to_string(call),
