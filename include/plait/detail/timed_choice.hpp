@@ -13,7 +13,7 @@
 // Two choices use it (comm_core):
 // - lend_choice: whether an all_gather lends its block (the peer copies it from this
 //   rank's memory, CMA on shm) or sends it through slots (comm_core::times_lending: a
-//   core per rank, 64 KiB up to the 8 MiB where the copy slices' rule takes over).
+//   core per rank, 32 KiB up to the 8 MiB where the copy slices' rule takes over).
 //   With a core per rank, 2 ranks, shm, 1 MiB of output, lending took 71 us against
 //   the slots' 109 on one host type (480 MiB L3) and 57 against 40 on another (32 MiB
 //   L3), where the kernel's copy runs at about 10 GB/s and a slot crosses between the
