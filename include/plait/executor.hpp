@@ -70,9 +70,9 @@ struct call {
   // a peer's FIFO only once every earlier call is done with it (per-pair order).
   std::vector<std::uint32_t> sends_left, recvs_left;
   int gave_up_on = -1;  // a peer closed after timing out waiting for this rank: name it at the deadline
-  // An all_gather's choice between lending and slots (lend_choice; rule: lending_pays
-  // alone decides); `timed`: comm_core times the call for lend_choice from when it
-  // entered the engine (deadline - timeout).
+  // An all_gather's or a broadcast's choice between lending and slots (lend_choice,
+  // broadcast_lend_choice; rule: lending_pays alone decides); `timed`: comm_core times
+  // the call for one of its choices from when it entered the engine (deadline - timeout).
   lend_plan lend = lend_plan::rule;
   // A broadcast's choice between slots written past the cache and plain ones
   // (stream_choice; rule: streams_slots and what the readers measured decide).
@@ -178,6 +178,12 @@ class executor {
   // reference (shm_link_set::min_reference_bytes): 2 ranks, 32K 4.7 -> 2.6 us, 64K
   // 5.2 -> 3.6 ("all_gather lends from 32 KiB of output").
   static constexpr std::size_t lend_gather_from_bytes = 32 * 1024;
+  // A broadcast of one slot with a core per rank may lend from this size (shm posts
+  // by reference from shm_link_set::min_reference_bytes), where its readers timed
+  // lending as faster (comm_core's broadcast_lend_choice). 2 ranks, shm, 480 MiB L3
+  // host type: 16K 2.3 -> 1.7 us, 256K 13.9 -> 9.5, 1M 61 -> 50; from 2 MiB (two
+  // slices) lending was slower, 4M 293 -> 418 ("broadcast lends or not, by timing both").
+  static constexpr std::size_t lend_broadcast_from_bytes = 16 * 1024;
   // all_gather calls with lend_from_call_bytes up to this much output go in the slices
   // of plain copies (comm_config::copy_slice_bytes, 1 MiB on shm) rather than the
   // reductions' (256K), and where they lend from any memory their own block is copied
@@ -242,27 +248,40 @@ class executor {
   // (broadcast, send/recv, all_gather), and the lender's call ends only once its
   // reader has copied. Measured (docs/performance.md, "Single copy on shm"): it pays
   // only from 8 MiB per call, for all_gather (from lend_gather_from_bytes with a core
-  // per rank), and for broadcast and send/recv only with more ranks than cores. With a
+  // per rank), and for broadcast and send/recv only with more ranks than cores (a
+  // broadcast of one slot also below, as timed; below). With a
   // core per rank, a plain copy through slots in 1 MiB slices keeps both cores copying
   // and beats the reader's single copy (2 ranks, huge pages: 16M 623 against 1013 us,
   // 128M 8233 against 10860). An all_gather that lends from any memory lends only
   // where its plan (call::lend, comm_core's lend_choice) is not slots.
-  bool lending_pays(const call& c) const noexcept {
+  // A broadcast with a core per rank lends a call of one slot (`bytes`, its step's
+  // send, is the whole call) from lend_broadcast_from_bytes, as its plan says
+  // (call::lend, comm_core's broadcast_lend_choice) or, once its readers timed both,
+  // as every one of them found faster (link_set::lending_measured).
+  bool lending_pays(const call& c, const step& s, std::size_t bytes) const noexcept {
     const bool gather = c.desc.kind == collective_kind::all_gather;
     if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)
       return false;
     if (lend_always_) return true;
     if (gather && lends_any_memory(c)) return output_bytes(c) >= lend_gather_from_bytes && c.lend != lend_plan::slots;
+    if (!gather && lends_any_memory(c)) {
+      if (bytes != output_bytes(c) || bytes < lend_broadcast_from_bytes || c.lend == lend_plan::slots) return false;
+      if (c.lend == lend_plan::lend) return true;
+      for (int p : s.send_peer)
+        if (p >= 0 && links_->lending_measured(p, bytes) != 1) return false;
+      return true;
+    }
     return output_bytes(c) >= lend_from_call_bytes && (gather || oversubscribed_);
   }
 
   // Whether what lending_pays lends may be on any pages (link_set::lend_any_memory),
-  // not only on the huge pages shm otherwise asks for: all_gather with a core per
-  // rank. Measured (docs/performance.md, "all_gather lends from 4 KiB pages"): 2
-  // ranks, 8M-128M, 7-14 % less time than through slots; with 4 ranks on 2 cores the
-  // A/B was within the noise, so there shm keeps to huge pages.
+  // not only on the huge pages shm otherwise asks for: all_gather and broadcast with a
+  // core per rank. Measured (docs/performance.md, "all_gather lends from 4 KiB
+  // pages"): 2 ranks, 8M-128M, 7-14 % less time than through slots; with 4 ranks on
+  // 2 cores the A/B was within the noise, so there shm keeps to huge pages.
   bool lends_any_memory(const call& c) const noexcept {
-    return c.desc.kind == collective_kind::all_gather && !oversubscribed_;
+    return (c.desc.kind == collective_kind::all_gather || c.desc.kind == collective_kind::broadcast) &&
+           !oversubscribed_;
   }
 
   // The bytes of a call's output (all_gather's holds every rank's shard).
@@ -435,7 +454,7 @@ class executor {
         from = local;
       else if (out != nullptr)
         from = out;
-      lend = lending_pays(c);
+      lend = lending_pays(c, s, bytes);
       for (int p : s.send_peer)
         if (p >= 0 && from != nullptr && (!links_->sends_from_memory(p) || (!lend && links_->sends_by_reference(p))))
           from = nullptr;

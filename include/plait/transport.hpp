@@ -209,6 +209,20 @@ class link_set {
     (void)streamed;
   }
 
+  // The same for a send of about `bytes` by reference (sends_by_reference) against
+  // one through slots: whether `peer`, which reads this rank's sends, measured
+  // lending faster (1), slots faster (0) or neither (-1), as it passed on with
+  // measured_lending().
+  virtual int lending_measured(int peer, std::size_t bytes) const {
+    (void)peer;
+    (void)bytes;
+    return -1;
+  }
+  virtual void measured_lending(std::size_t bytes, bool lend) {
+    (void)bytes;
+    (void)lend;
+  }
+
   // One payload for several peers, copied once (optional; the defaults say no).
   // Where shares_copies(peer) holds, stage() copies `bytes` at `payload` into memory
   // that every such peer reads (shm: a pool in this rank's segment) and returns a

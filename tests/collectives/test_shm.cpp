@@ -105,10 +105,13 @@ TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are wr
         for (std::size_t count :
              {std::size_t{4095}, std::size_t{4099}, std::size_t{16387}, std::size_t{65535}, std::size_t{65536}})
           add_others<shm, float, plait::sum>(cs, 2, count);
-        // 8 calls of a size: the first 3 stream, the next 3 are plain (stream_choice),
-        // then what the reader found faster. The root changes its buffer every call.
-        for (std::size_t count : {std::size_t{4099}, std::size_t{16384}, std::size_t{40001}})
-          for (int call = 0; call < 8; ++call)
+        // 15 calls of a size: where slots may stream, the first 3 stream and the next 3
+        // are plain (stream_choice); then 3 lend and 3 go through slots
+        // (broadcast_lend_choice), then what the reader found faster. 1 MiB (one slot
+        // of the broadcast's 1 MiB slice) only times lending. The root changes its
+        // buffer every call.
+        for (std::size_t count : {std::size_t{4099}, std::size_t{16384}, std::size_t{40001}, std::size_t{262144}})
+          for (int call = 0; call < 15; ++call)
             cs.push_back({"broadcast count=" + std::to_string(count) + " call " + std::to_string(call),
                           [count, call](plait::communicator<shm>& c) {
                             std::vector<float> buf(count, -1.0f);

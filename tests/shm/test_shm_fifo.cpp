@@ -393,3 +393,43 @@ TEST_CASE("shm: a reader's measurement of streamed slots reaches its writer", "[
   CHECK(results[1] == "ok");
   CHECK(shm_leftovers(dir.job_key()).empty());
 }
+
+// Lending measured against slots (link_set::measured_lending) travels the same way,
+// in a word of its own: neither measurement changes the other.
+TEST_CASE("shm: a reader's measurement of lending reaches its writer, apart from streamed slots", "[shm][fifo]") {
+  temp_dir dir;
+  const auto results = run_ranks(2, std::chrono::seconds(60), [&](int r, int) -> std::string {
+    plait::testing::file_bootstrap ctx(dir.path(), r, 2);
+    plait::detail::doorbell bell;
+    const std::vector<int> peers{1 - r};
+    auto links = plait::transport::shm::connect(ctx, bell, config(slot, depth), peers);
+    const auto deadline = clock::now() + std::chrono::seconds(20);
+    const std::byte one{1};
+    if (r == 1) {
+      links->measured_lending(64 * 1024, true);
+      links->measured_lending(1 << 20, false);
+      links->measured_streamed_slots(32 * 1024, true);
+      ctx.put("measured", std::span(&one, 1));
+      ctx.get("seen", deadline);
+      links->measured_lending(1 << 20, true);
+      ctx.put("measured-again", std::span(&one, 1));
+      ctx.barrier("done", deadline);
+      return "ok";
+    }
+    const auto lend = [&](std::size_t bytes) { return links->lending_measured(1, bytes); };
+    ctx.get("measured", deadline);
+    if (lend(64 * 1024) != 1 || lend(100 * 1024) != 1) return "64 KiB: lending not seen as faster";
+    if (lend(1 << 20) != 0) return "1 MiB: " + std::to_string(lend(1 << 20)) + " instead of 0 (slots)";
+    if (lend(32 * 1024) != -1 || lend(128 * 1024) != -1) return "a size nobody measured for lending is not -1";
+    if (links->streamed_slots_measured(1, 64 * 1024) != -1 || links->streamed_slots_measured(1, 32 * 1024) != 1)
+      return "the lending measurement and the streamed one mixed";
+    ctx.put("seen", std::span(&one, 1));
+    ctx.get("measured-again", deadline);
+    if (lend(1 << 20) != 1 || lend(64 * 1024) != 1) return "the second measurement did not replace the first";
+    ctx.barrier("done", deadline);
+    return "ok";
+  });
+  CHECK(results[0] == "ok");
+  CHECK(results[1] == "ok");
+  CHECK(shm_leftovers(dir.job_key()).empty());
+}

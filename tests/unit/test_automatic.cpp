@@ -291,3 +291,44 @@ TEST_CASE("stream_choice settles once per size, on the rule where one plan was n
   // One plan timed only.
   CHECK(run(sc, 5 << 12, false, true, ns(0), ns(1000)) == stream_plan::rule);
 }
+
+// broadcast_lend_choice (comm_core: a broadcast of one slot with a core per rank, once
+// stream_choice has settled): lending first, then slots, which are kept only at 0.95x
+// lending's best or less; exploring() holds for exactly the calls before the one that
+// settles.
+TEST_CASE("broadcast_lend_choice times lending first and keeps slots only where they win by 5 %", "[automatic]") {
+  using plait::detail::broadcast_lend_choice;
+  using plait::detail::lend_plan;
+  using ns = std::chrono::nanoseconds;
+  const auto run = [](broadcast_lend_choice& bc, std::size_t bytes, ns lend_took, ns slots_took) {
+    bool timed = false, settled = true;
+    for (int i = 0; i < broadcast_lend_choice::explore_calls; ++i) {
+      CHECK(bc.exploring(bytes));
+      const lend_plan p = bc.next(bytes, timed, settled);
+      CHECK(p == (i < broadcast_lend_choice::block ? lend_plan::lend : lend_plan::slots));
+      CHECK(timed == (i % broadcast_lend_choice::block != 0));
+      CHECK_FALSE(settled);
+      if (timed) bc.record(bytes, p, p == lend_plan::lend ? lend_took : slots_took);
+    }
+    CHECK_FALSE(bc.exploring(bytes));
+    const lend_plan kept = bc.next(bytes, timed, settled);
+    CHECK(settled);
+    CHECK_FALSE(timed);
+    CHECK_FALSE(bc.exploring(bytes));
+    CHECK(bc.next(bytes, timed, settled) == kept);
+    CHECK_FALSE(settled);
+    return kept;
+  };
+  broadcast_lend_choice bc;
+  // The reader of a 2-rank broadcast on the 480 MiB host type: 256K and 64K lend.
+  CHECK(run(bc, 1 << 18, ns(9800), ns(35600)) == lend_plan::lend);
+  CHECK(run(bc, 1 << 16, ns(3585), ns(3590)) == lend_plan::lend);
+  CHECK(run(bc, 1 << 15, ns(3000), ns(2263)) == lend_plan::slots);
+  CHECK(run(bc, 1 << 14, ns(1000), ns(960)) == lend_plan::lend);   // 0.96x: within the margin
+  CHECK(run(bc, 1 << 20, ns(1000), ns(940)) == lend_plan::slots);  // 0.94x
+  // The root times nothing: the rule, and then the readers' measurement decides.
+  bool timed = false, settled = false;
+  for (int i = 0; i < broadcast_lend_choice::explore_calls; ++i) bc.next(3 << 14, timed, settled);
+  CHECK(bc.next(3 << 14, timed, settled) == lend_plan::rule);
+  CHECK(settled);
+}

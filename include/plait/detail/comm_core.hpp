@@ -427,11 +427,21 @@ class comm_core {
     c.deadline = now + c.timeout;
     if (times_lending(c)) {
       c.lend = lend_choice_.next(gather_bytes(c), c.timed);
-    } else if (times_streaming(c)) {
+    } else {
+      // A broadcast times its slots' fill first (stream_choice), then lending against
+      // those slots (broadcast_lend_choice).
       bool settled = false;
-      c.stream = stream_choice_.next(call_bytes(c), c.timed, settled);
-      if (settled && c.stream != stream_plan::rule)
-        links_->measured_streamed_slots(call_bytes(c), c.stream == stream_plan::stream);
+      const bool streaming = times_streaming(c);
+      const bool exploring = streaming && stream_choice_.exploring(call_bytes(c));
+      if (streaming) {
+        c.stream = stream_choice_.next(call_bytes(c), c.timed, settled);
+        if (settled && c.stream != stream_plan::rule)
+          links_->measured_streamed_slots(call_bytes(c), c.stream == stream_plan::stream);
+      }
+      if (!exploring && times_broadcast_lending(c)) {
+        c.lend = broadcast_lend_choice_.next(call_bytes(c), c.timed, settled);
+        if (settled && c.lend != lend_plan::rule) links_->measured_lending(call_bytes(c), c.lend == lend_plan::lend);
+      }
     }
     active_.push_back(f);
   }
@@ -566,7 +576,7 @@ class comm_core {
         if (c.desc.kind == collective_kind::all_gather)
           lend_choice_.record(gather_bytes(c), c.lend, took);
         else if (c.desc.root != rank_)  // a broadcast: the readers' times are what counts
-          stream_choice_.record(call_bytes(c), c.stream, took);
+          record_broadcast(c, took);
       }
       finish(*active_.front(), nullptr);
       retire(*active_.front());
@@ -587,6 +597,26 @@ class comm_core {
       return false;
     const std::size_t bytes = gather_bytes(c);
     return bytes >= executor::lend_gather_from_bytes && bytes < executor::lend_from_call_bytes;
+  }
+  // A broadcast's timed call goes to the choice exploring it: stream_choice until it
+  // has settled for the size, then broadcast_lend_choice (take_in). Each ignores a
+  // time once settled, and a plan not its own.
+  void record_broadcast(const call& c, std::chrono::nanoseconds took) noexcept {
+    if (c.lend == lend_plan::rule)
+      stream_choice_.record(call_bytes(c), c.stream, took);
+    else
+      broadcast_lend_choice_.record(call_bytes(c), c.lend, took);
+  }
+  // A broadcast of one slot, with a core per rank, from executor::lend_broadcast_from_bytes,
+  // where shm can lend the root's buffer from any memory: broadcast_lend_choice times
+  // lending against slots for its size, on the ranks that receive, once stream_choice
+  // has settled (docs/performance.md, "broadcast lends or not, by timing both").
+  bool times_broadcast_lending(const call& c) const noexcept {
+    if (c.desc.kind != collective_kind::broadcast || oversubscribed_ || links_ == nullptr || size_ < 2 ||
+        !cfg_.single_copy || cfg_.lend_always || !cfg_.shares_copies || cfg_.network)
+      return false;
+    const std::size_t bytes = call_bytes(c);
+    return bytes >= executor::lend_broadcast_from_bytes && bytes <= cfg_.slice_for(collective_kind::broadcast);
   }
   // A broadcast of one slot that the transport may write past the cache, with a core
   // per rank (executor::streams_slots): stream_choice times streamed slots against
@@ -689,9 +719,10 @@ class comm_core {
 
   int rank_, size_;
   comm_config cfg_;
-  bool oversubscribed_ = false;  // more ranks than cores on this host (likely)
-  lend_choice lend_choice_;      // all_gather: lend or slots, per output size (times_lending)
-  stream_choice stream_choice_;  // broadcast: slots streamed or plain, per size (times_streaming)
+  bool oversubscribed_ = false;                  // more ranks than cores on this host (likely)
+  lend_choice lend_choice_;                      // all_gather: lend or slots, per output size (times_lending)
+  stream_choice stream_choice_;                  // broadcast: slots streamed or plain, per size (times_streaming)
+  broadcast_lend_choice broadcast_lend_choice_;  // broadcast: lend or slots, per size (times_broadcast_lending)
   doorbell bell_;
   std::unique_ptr<link_set> links_;
   std::unique_ptr<bootstrap_context> ctx_;

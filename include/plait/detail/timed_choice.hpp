@@ -4,7 +4,7 @@
 // The first `block` calls of a size take the first plan (the rule's own), the next
 // `block` the second, each but the first of a block timed from entering the engine to
 // completion, and the size then keeps the plan whose fastest call was faster. The
-// second must win by `margin` (near ties stay on the rule). A size none of whose
+// second must win by the choice's margin (near ties stay on the rule). A size none of whose
 // calls was timed under both plans (record() was never called for one of them)
 // settles on the rule.
 // Exploring calls are matched across ranks (the n-th call of a size is the same call
@@ -33,6 +33,14 @@
 //   What counts is the reader's time, so only ranks that receive record theirs, and
 //   a rank passes its decision to the ranks that write to it (link_set::
 //   measured_streamed_slots); the root has nothing to time.
+// - broadcast_lend_choice: whether a broadcast of one slot lends the root's buffer
+//   (the reader copies it from there, CMA on shm) or goes through slots, filled as
+//   stream_choice settled (comm_core::times_broadcast_lending: a core per rank, 16
+//   KiB up to the broadcast slice). It starts once stream_choice has settled for the
+//   size. 2 ranks, shm, 480 MiB L3 host type: 256K lending 9.5 against slots 13.9
+//   us, 1M 50 against 61 (docs/performance.md, "broadcast lends or not, by timing
+//   both"). Timed and passed on as stream_choice is (link_set::measured_lending),
+//   with a smaller margin: only the reader decides, so no two ranks can mix plans.
 //
 // PLAIT_DEBUG=info logs each size's choice with the best times.
 //
@@ -67,10 +75,15 @@ class timed_choice {
   // plan's first call after the other's finds the caches set for the other).
   static constexpr int block = 3;
   static constexpr int explore_calls = 2 * block;
-  static constexpr double margin = 0.85;  // the second kept when its best <= margin x the first's best
+  // The second plan is kept when its best <= margin x the first's best.
+  static constexpr double default_margin = 0.85;
   static constexpr std::size_t table_size = 16;
 
-  explicit timed_choice(choice_names names) noexcept : names_(names) {}
+  explicit timed_choice(choice_names names, double margin = default_margin) noexcept : names_(names), margin_(margin) {}
+
+  // Whether the next call of this size still explores (it is one of the first
+  // explore_calls, and not the one that settles).
+  bool exploring(std::size_t bytes) noexcept { return at(bytes).issued < explore_calls; }
 
   // The plan for the next call of this size, counted as issued; `timed` is set where
   // its time is wanted (record()). Calls are counted when they are issued, not when
@@ -87,7 +100,7 @@ class timed_choice {
       const bool measured = e.best[0] != never && e.best[1] != never;
       if (measured)
         e.decided =
-            static_cast<double>(e.best[1].count()) <= margin * static_cast<double>(e.best[0].count()) ? Second : First;
+            static_cast<double>(e.best[1].count()) <= margin_ * static_cast<double>(e.best[0].count()) ? Second : First;
       log(log_level::info, names_.what, " of ", bytes, " B: ",
           !measured             ? "the rule (not timed both ways)"
           : e.decided == Second ? names_.second
@@ -134,6 +147,7 @@ class timed_choice {
   }
 
   choice_names names_;
+  double margin_;
   std::array<entry, table_size> table_{};
 };
 
@@ -147,6 +161,17 @@ class lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::s
 class stream_choice : public timed_choice<stream_plan, stream_plan::stream, stream_plan::plain> {
  public:
   stream_choice() noexcept : timed_choice({"broadcast", "slots streamed", "plain slots"}) {}
+};
+
+// broadcast: the root's buffer lent or slots (rule: slots, where the readers have not
+// measured lending faster). Lending is timed first: its calls end only once the reader
+// has copied, so the slots' block starts with no slot queued ahead of the reader
+// (after stream_choice's calls the root may be up to the FIFO's depth ahead, and a
+// reader that finds its slots posted times only its copy); slots are kept only where
+// they were faster by the margin.
+class broadcast_lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::slots> {
+ public:
+  broadcast_lend_choice() noexcept : timed_choice({"broadcast", "lending", "through slots"}, 0.95) {}
 };
 
 }  // namespace plait::detail

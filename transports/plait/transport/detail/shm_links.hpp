@@ -188,21 +188,17 @@ class shm_link_set final : public link_set {
   // The reader's measurement (link_set): two bits per power of two of slot bytes in
   // fifo_control::streamed_faster, measured and which one won.
   int streamed_slots_measured(int peer, std::size_t bytes) const override {
-    const std::uint32_t word =
-        link_for(peer, "streamed_slots_measured").out_ctl->streamed_faster.load(std::memory_order_relaxed);
-    const unsigned bit = streamed_bit(bytes);
-    if (bit >= 32 || (word >> bit & 1u) == 0) return -1;
-    return static_cast<int>(word >> (bit + 1) & 1u);
+    return measured(link_for(peer, "streamed_slots_measured").out_ctl->streamed_faster, bytes);
   }
   void measured_streamed_slots(std::size_t bytes, bool streamed) override {
-    const unsigned bit = streamed_bit(bytes);
-    if (bit >= 32) return;
-    for (link& l : links_) {
-      // Only this rank writes the word (it is the consumer of every in FIFO).
-      std::uint32_t word = l.in_ctl->streamed_faster.load(std::memory_order_relaxed);
-      word = (word & ~(3u << bit)) | 1u << bit | (streamed ? 2u << bit : 0u);
-      l.in_ctl->streamed_faster.store(word, std::memory_order_relaxed);
-    }
+    for (link& l : links_) measure(l.in_ctl->streamed_faster, bytes, streamed);
+  }
+  // And of lending against slots, in fifo_control::lend_faster.
+  int lending_measured(int peer, std::size_t bytes) const override {
+    return measured(link_for(peer, "lending_measured").out_ctl->lend_faster, bytes);
+  }
+  void measured_lending(std::size_t bytes, bool lend) override {
+    for (link& l : links_) measure(l.in_ctl->lend_faster, bytes, lend);
   }
 
   bool shares_copies(int peer) const override {
@@ -453,11 +449,26 @@ class shm_link_set final : public link_set {
     return links_[static_cast<std::size_t>(index_of_[static_cast<std::size_t>(peer)])];
   }
 
-  // Where streamed_faster keeps slots of `bytes`: bit 2 x (floor(log2 bytes) - 10),
+  // Where a measurement word (streamed_faster, lend_faster) keeps slots of `bytes`:
+  // bits 2 x (floor(log2 bytes) - 10) (measured) and the one above it (which won),
   // for slots of 1 KiB up to 64 MiB (16 powers of two); 32 (kept nowhere) outside.
-  static unsigned streamed_bit(std::size_t bytes) noexcept {
+  static unsigned measured_bit(std::size_t bytes) noexcept {
     const auto log2 = static_cast<unsigned>(std::bit_width(bytes)) - 1u;
     return bytes == 0 || log2 < 10 || log2 >= 26 ? 32u : 2u * (log2 - 10u);
+  }
+  static int measured(const std::atomic<std::uint32_t>& w, std::size_t bytes) noexcept {
+    const std::uint32_t word = w.load(std::memory_order_relaxed);
+    const unsigned bit = measured_bit(bytes);
+    if (bit >= 32 || (word >> bit & 1u) == 0) return -1;
+    return static_cast<int>(word >> (bit + 1) & 1u);
+  }
+  // Only this rank writes the words of its in FIFOs (it is their consumer).
+  static void measure(std::atomic<std::uint32_t>& w, std::size_t bytes, bool won) noexcept {
+    const unsigned bit = measured_bit(bytes);
+    if (bit >= 32) return;
+    std::uint32_t word = w.load(std::memory_order_relaxed);
+    word = (word & ~(3u << bit)) | 1u << bit | (won ? 2u << bit : 0u);
+    w.store(word, std::memory_order_relaxed);
   }
 
   std::byte* out_slot(const link& l) const noexcept {
