@@ -434,13 +434,18 @@ class comm_core {
       const bool streaming = times_streaming(c);
       const bool exploring = streaming && stream_choice_.exploring(call_bytes(c));
       if (streaming) {
-        c.stream = stream_choice_.next(call_bytes(c), c.timed, settled);
-        if (settled && c.stream != stream_plan::rule)
-          links_->measured_streamed_slots(call_bytes(c), c.stream == stream_plan::stream);
+        const stream_plan plan = stream_choice_.next(call_bytes(c), c.timed, settled);
+        if (settled && plan != stream_plan::rule)
+          links_->measured_streamed_slots(call_bytes(c), plan == stream_plan::stream);
+        c.stream = exploring ? plan : stream_plan::rule;
       }
       if (!exploring && times_broadcast_lending(c)) {
-        c.lend = broadcast_lend_choice_.next(call_bytes(c), c.timed, settled);
-        if (settled && c.lend != lend_plan::rule) links_->measured_lending(call_bytes(c), c.lend == lend_plan::lend);
+        const bool lend_exploring = broadcast_lend_choice_.exploring(call_bytes(c));
+        const lend_plan plan = broadcast_lend_choice_.next(call_bytes(c), c.timed, settled);
+        if (settled && plan != lend_plan::rule) links_->measured_lending(call_bytes(c), plan == lend_plan::lend);
+        // Once a size has settled, what this rank read faster is for its senders: its
+        // own sends (a rank inside a tree) follow what its own readers measured.
+        c.lend = lend_exploring ? plan : lend_plan::rule;  // likewise for c.stream above
       }
     }
     active_.push_back(f);
