@@ -248,16 +248,13 @@ class executor {
   // (broadcast, send/recv, all_gather), and the lender's call ends only once its
   // reader has copied. Measured (docs/performance.md, "Single copy on shm"): it pays
   // only from 8 MiB per call, for all_gather (from lend_gather_from_bytes with a core
-  // per rank), and for broadcast and send/recv only with more ranks than cores (a
-  // broadcast of one slot also below, as timed; below). With a
-  // core per rank, a plain copy through slots in 1 MiB slices keeps both cores copying
-  // and beats the reader's single copy (2 ranks, huge pages: 16M 623 against 1013 us,
-  // 128M 8233 against 10860). An all_gather that lends from any memory lends only
-  // where its plan (call::lend, comm_core's lend_choice) is not slots.
-  // A broadcast with a core per rank lends a call of one slot (`bytes`, its step's
-  // send, is the whole call) from lend_broadcast_from_bytes, as its plan says
-  // (call::lend, comm_core's broadcast_lend_choice) or, once its readers timed both,
-  // as every one of them found faster (link_set::lending_measured).
+  // per rank), and for broadcast and send/recv only with more ranks than cores (and
+  // a broadcast of one slot, as timed: below). With a core per rank, a plain copy through slots in 1 MiB slices keeps
+  // both cores copying and beats the reader's single copy (2 ranks, huge pages: 16M 623 against 1013 us, 128M 8233
+  // against 10860). An all_gather that lends from any memory lends only where its plan (call::lend, comm_core's
+  // lend_choice) is not slots. A broadcast with a core per rank lends a call of one slot (`bytes`, its step's send, is
+  // the whole call) from lend_broadcast_from_bytes, as its plan says (call::lend, comm_core's broadcast_lend_choice)
+  // or, once its readers timed both, as every one of them found faster (link_set::lending_measured).
   bool lending_pays(const call& c, const step& s, std::size_t bytes) const noexcept {
     const bool gather = c.desc.kind == collective_kind::all_gather;
     if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)

@@ -1,7 +1,8 @@
 // timed_choice: a choice between two plans for a call, made per size by timing both
 // on this host, where which one is faster depends on the host, not on the call.
 //
-// The first `block` calls of a size take the first plan (the rule's own), the next
+// The first `block` calls of a size take the first plan (the rule's own, except for
+// broadcast_lend_choice, which times lending first), the next
 // `block` the second, each but the first of a block timed from entering the engine to
 // completion, and the size then keeps the plan whose fastest call was faster. The
 // second must win by the choice's margin (near ties stay on the rule). A size none of whose
@@ -10,7 +11,7 @@
 // Exploring calls are matched across ranks (the n-th call of a size is the same call
 // everywhere), so every rank runs the same plan at the same call.
 //
-// Two choices use it (comm_core):
+// Three choices use it (comm_core):
 // - lend_choice: whether an all_gather lends its block (the peer copies it from this
 //   rank's memory, CMA on shm) or sends it through slots (comm_core::times_lending: a
 //   core per rank, 32 KiB up to the 8 MiB where the copy slices' rule takes over).
