@@ -66,15 +66,16 @@ auto gathered(std::size_t count) {
 }
 
 // all_gather with a core per rank times lending against slots for each output size
-// (lend_choice: 3 calls lending, 3 through slots, then the faster plan): every one
-// of those calls, and the ones after, must be exact, each into a fresh output.
+// (lend_choice: 3 calls lending, then 6 through slots, the first 4 of them warming
+// the FIFO's slots, then the faster plan): every one of those calls, and the ones
+// after, must be exact, each into a fresh output.
 TEST_CASE("2-rank all_gather over shm is exact while it times lending against slots", "[collectives][shm]") {
   check_cases<shm>(2, [] {
     case_list<shm> cs;
     // 16K blocks (the smallest that lend) and 32K + 4 bytes, then 128K and 512K + 4.
     for (std::size_t count : {std::size_t{4096}, std::size_t{8193}, std::size_t{32768}, std::size_t{131072} + 1}) {
       auto full = gathered(count);
-      for (int call = 0; call < 10; ++call)
+      for (int call = 0; call < 12; ++call)
         cs.push_back({"all_gather count=" + std::to_string(count) + " call " + std::to_string(call),
                       [count](plait::communicator<shm>& c) {
                         const auto shard = exact_pattern<float, plait::sum>(c.rank(), count);
@@ -84,6 +85,31 @@ TEST_CASE("2-rank all_gather over shm is exact while it times lending against sl
                       },
                       [full](int) { return full(); }, &diff_as<float>});
     }
+    // Past the second timing of a size (comm_core::retime_lending_every calls after
+    // the first settled): every call exact, with data that changes from call to call.
+    constexpr int calls = 1030;
+    constexpr std::size_t count = 8193;
+    cs.push_back(
+        {"all_gather count=8193, " + std::to_string(calls) + " calls through a second timing",
+         [](plait::communicator<shm>& c) {
+           std::vector<float> wrong;  // the calls whose output was not exact
+           std::vector<float> out(2 * count);
+           for (int call = 0; call < calls; ++call) {
+             const int k = call % 5;
+             const auto shard = exact_pattern<float, plait::sum>(c.rank() + 2 * k, count);
+             std::fill(out.begin(), out.end(), -1.0f);
+             plait::all_gather(c, std::span<const float>(shard), std::span<float>(out));
+             for (int q = 0; q < 2; ++q) {
+               const auto want = exact_pattern<float, plait::sum>(q + 2 * k, count);
+               if (!std::equal(want.begin(), want.end(), out.begin() + q * static_cast<std::ptrdiff_t>(count))) {
+                 wrong.push_back(static_cast<float>(call));
+                 break;
+               }
+             }
+           }
+           return to_blob(wrong);
+         },
+         [](int) { return to_blob(std::vector<float>{}); }, &diff_as<float>});
     return cs;
   });
 }
@@ -105,13 +131,13 @@ TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are wr
         for (std::size_t count :
              {std::size_t{4095}, std::size_t{4099}, std::size_t{16387}, std::size_t{65535}, std::size_t{65536}})
           add_others<shm, float, plait::sum>(cs, 2, count);
-        // 15 calls of a size: where slots may stream, the first 3 stream and the next 3
-        // are plain (stream_choice); then 3 lend and 3 go through slots
+        // 18 calls of a size: where slots may stream, the first 3 stream and the next 3
+        // are plain (stream_choice); then 3 lend and 6 go through slots
         // (broadcast_lend_choice), then what the reader found faster. 1 MiB (one slot
         // of the broadcast's 1 MiB slice) only times lending. The root changes its
         // buffer every call.
         for (std::size_t count : {std::size_t{4099}, std::size_t{16384}, std::size_t{40001}, std::size_t{262144}})
-          for (int call = 0; call < 15; ++call)
+          for (int call = 0; call < 18; ++call)
             cs.push_back({"broadcast count=" + std::to_string(count) + " call " + std::to_string(call),
                           [count, call](plait::communicator<shm>& c) {
                             std::vector<float> buf(count, -1.0f);
@@ -134,8 +160,8 @@ TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are wr
                         },
                         [count](int) { return to_blob(exact_pattern<float, plait::sum>(0, count)); }, &diff_as<float>});
           auto full = gathered(count);
-          // 8 calls: the first 3 lend, the next 3 go through slots (lend_choice), then the faster.
-          for (int call = 0; call < 8; ++call)
+          // 11 calls: the first 3 lend, the next 6 go through slots (lend_choice), then the faster.
+          for (int call = 0; call < 11; ++call)
             cs.push_back({"all_gather off alignment count=" + std::to_string(count) + " call " + std::to_string(call),
                           [count](plait::communicator<shm>& c) {
                             const auto s = exact_pattern<float, plait::sum>(c.rank(), count);

@@ -206,22 +206,26 @@ TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice, over
 }
 
 // lend_choice (comm_core: all_gather with a core per rank): per output size, 3 calls
-// lend and 3 go through slots, all but the first of each block timed; then the
-// faster plan stays, slots only when their best call took at most 0.85x lending's.
+// lend, the first not timed, then the slots' block: as many untimed calls as the
+// FIFO has slots (here 4), then 2 timed; then the faster plan stays, slots only when
+// their best call took at most 0.85x lending's.
 TEST_CASE("lend_choice times both plans per size, then keeps the faster", "[automatic]") {
   using plait::detail::lend_choice;
   using plait::detail::lend_plan;
   using ns = std::chrono::nanoseconds;
   const auto explore = [](lend_choice& lc, std::size_t bytes, ns lend_took, ns slots_took) {
     bool timed = false;
-    for (int i = 0; i < lend_choice::explore_calls; ++i) {
+    REQUIRE(lc.first_block() == 3);
+    REQUIRE(lc.second_block() == 6);
+    REQUIRE(lc.explore_calls() == 9);
+    for (int i = 0; i < lc.explore_calls(); ++i) {
       const lend_plan p = lc.next(bytes, timed);
-      CHECK(p == (i < lend_choice::block ? lend_plan::lend : lend_plan::slots));
-      CHECK(timed == (i % lend_choice::block != 0));
+      CHECK(p == (i < 3 ? lend_plan::lend : lend_plan::slots));
+      CHECK(timed == (i == 1 || i == 2 || i == 7 || i == 8));
       CHECK(lc.decided(bytes) == lend_plan::rule);
-      // A block's first call is slower and not timed; of the timed ones the best counts.
+      // A block's first timed call is slower; of the timed ones the best counts.
       const ns took = p == lend_plan::slots ? slots_took : lend_took;
-      if (timed) lc.record(bytes, p, i % lend_choice::block == 1 ? took * 2 : took);
+      if (timed) lc.record(bytes, p, i == 1 || i == 7 ? took * 2 : took);
     }
     const lend_plan kept = lc.next(bytes, timed);
     CHECK_FALSE(timed);
@@ -229,7 +233,7 @@ TEST_CASE("lend_choice times both plans per size, then keeps the faster", "[auto
     for (int i = 0; i < 5; ++i) CHECK(lc.next(bytes, timed) == kept);
     return kept;
   };
-  lend_choice lc;
+  lend_choice lc(4);
   CHECK(explore(lc, 1 << 20, ns(57000), ns(40000)) == lend_plan::slots);
   CHECK(explore(lc, 1 << 18, ns(13700), ns(14500)) == lend_plan::lend);
   CHECK(explore(lc, 1 << 22, ns(100000), ns(86000)) == lend_plan::lend);  // 0.86x: a near tie stays on the rule
@@ -263,9 +267,11 @@ TEST_CASE("stream_choice settles once per size, on the rule where one plan was n
   const auto run = [](stream_choice& sc, std::size_t bytes, bool record_stream, bool record_plain, ns stream_took,
                       ns plain_took) {
     bool timed = false, settled = true;
-    for (int i = 0; i < stream_choice::explore_calls; ++i) {
+    REQUIRE(sc.explore_calls() == 6);  // both plans through slots: one untimed call per block
+    for (int i = 0; i < sc.explore_calls(); ++i) {
       const stream_plan p = sc.next(bytes, timed, settled);
-      CHECK(p == (i < stream_choice::block ? stream_plan::stream : stream_plan::plain));
+      CHECK(p == (i < 3 ? stream_plan::stream : stream_plan::plain));
+      CHECK(timed == (i % 3 != 0));
       CHECK_FALSE(settled);
       const bool wanted = p == stream_plan::stream ? record_stream : record_plain;
       if (timed && wanted) sc.record(bytes, p, p == stream_plan::stream ? stream_took : plain_took);
@@ -296,30 +302,46 @@ TEST_CASE("stream_choice settles once per size, on the rule where one plan was n
 // stream_choice has settled): lending first, then slots, which are kept only at 0.95x
 // lending's best or less; exploring() holds for exactly the calls before the one that
 // settles.
+namespace {
+// One timing of a broadcast_lend_choice whose slots' block opens with 4 untimed calls:
+// every call's plan and whether it is timed, as the blocks say; the calls' times are
+// recorded, and the plan kept at the call that settles is returned.
+plait::detail::lend_plan time_broadcast_lending(plait::detail::broadcast_lend_choice& bc, std::size_t bytes,
+                                                std::chrono::nanoseconds lend_took,
+                                                std::chrono::nanoseconds slots_took) {
+  using plait::detail::lend_plan;
+  bool timed = false, settled = true;
+  REQUIRE(bc.explore_calls() == 3 + 4 + 2);
+  for (int i = 0; i < bc.explore_calls(); ++i) {
+    CHECK(bc.exploring(bytes));
+    const lend_plan p = bc.next(bytes, timed, settled);
+    CHECK(p == (i < 3 ? lend_plan::lend : lend_plan::slots));
+    // One untimed lending call; the slots' block opens with its 4 warm-up calls.
+    CHECK(timed == (i == 1 || i == 2 || i == 7 || i == 8));
+    CHECK_FALSE(settled);
+    if (timed) bc.record(bytes, p, p == lend_plan::lend ? lend_took : slots_took);
+  }
+  CHECK_FALSE(bc.exploring(bytes));
+  const lend_plan kept = bc.next(bytes, timed, settled);
+  CHECK(settled);
+  CHECK_FALSE(timed);
+  return kept;
+}
+}  // namespace
+
 TEST_CASE("broadcast_lend_choice times lending first and keeps slots only where they win by 5 %", "[automatic]") {
   using plait::detail::broadcast_lend_choice;
   using plait::detail::lend_plan;
   using ns = std::chrono::nanoseconds;
   const auto run = [](broadcast_lend_choice& bc, std::size_t bytes, ns lend_took, ns slots_took) {
     bool timed = false, settled = true;
-    for (int i = 0; i < broadcast_lend_choice::explore_calls; ++i) {
-      CHECK(bc.exploring(bytes));
-      const lend_plan p = bc.next(bytes, timed, settled);
-      CHECK(p == (i < broadcast_lend_choice::block ? lend_plan::lend : lend_plan::slots));
-      CHECK(timed == (i % broadcast_lend_choice::block != 0));
-      CHECK_FALSE(settled);
-      if (timed) bc.record(bytes, p, p == lend_plan::lend ? lend_took : slots_took);
-    }
-    CHECK_FALSE(bc.exploring(bytes));
-    const lend_plan kept = bc.next(bytes, timed, settled);
-    CHECK(settled);
-    CHECK_FALSE(timed);
+    const lend_plan kept = time_broadcast_lending(bc, bytes, lend_took, slots_took);
     CHECK_FALSE(bc.exploring(bytes));
     CHECK(bc.next(bytes, timed, settled) == kept);
     CHECK_FALSE(settled);
     return kept;
   };
-  broadcast_lend_choice bc;
+  broadcast_lend_choice bc(4);
   // The reader of a 2-rank broadcast on the 480 MiB host type: 256K and 64K lend.
   CHECK(run(bc, 1 << 18, ns(9800), ns(35600)) == lend_plan::lend);
   CHECK(run(bc, 1 << 16, ns(3585), ns(3590)) == lend_plan::lend);
@@ -328,7 +350,51 @@ TEST_CASE("broadcast_lend_choice times lending first and keeps slots only where 
   CHECK(run(bc, 1 << 20, ns(1000), ns(940)) == lend_plan::slots);  // 0.94x
   // The root times nothing: the rule, and then the readers' measurement decides.
   bool timed = false, settled = false;
-  for (int i = 0; i < broadcast_lend_choice::explore_calls; ++i) bc.next(3 << 14, timed, settled);
+  for (int i = 0; i < bc.explore_calls(); ++i) bc.next(3 << 14, timed, settled);
   CHECK(bc.next(3 << 14, timed, settled) == lend_plan::rule);
   CHECK(settled);
+}
+
+// A lending choice times a settled size again after retime_every calls (comm_core:
+// retime_lending_every), on every rank at the same call: the blocks start over, the
+// plan kept meanwhile is the last one decided, and the new timing's result replaces
+// it (settled is set again, so comm_core passes it on). Without retime_every a size
+// is timed once.
+TEST_CASE("a lending choice times a settled size again after retime_every calls", "[automatic]") {
+  using plait::detail::broadcast_lend_choice;
+  using plait::detail::lend_plan;
+  using ns = std::chrono::nanoseconds;
+  constexpr std::size_t bytes = 1 << 20;
+  const auto timing = [](broadcast_lend_choice& bc, ns lend_took, ns slots_took) {
+    return time_broadcast_lending(bc, bytes, lend_took, slots_took);
+  };
+  broadcast_lend_choice bc(4, 10);
+  // Slots in the cache's good state, then while the cores trade dirty lines slowly.
+  CHECK(timing(bc, ns(80000), ns(25000)) == lend_plan::slots);
+  bool timed = true, settled = true;
+  for (int i = 0; i < 10; ++i) {
+    CHECK_FALSE(bc.exploring(bytes));
+    CHECK(bc.next(bytes, timed, settled) == lend_plan::slots);
+    CHECK_FALSE(timed);
+    CHECK_FALSE(settled);
+    bc.record(bytes, lend_plan::lend, ns(1));  // settled: ignored
+  }
+  CHECK(bc.decided(bytes) == lend_plan::slots);
+  CHECK(timing(bc, ns(90000), ns(400000)) == lend_plan::lend);
+  CHECK(bc.decided(bytes) == lend_plan::lend);
+  for (int i = 0; i < 10; ++i) CHECK(bc.next(bytes, timed, settled) == lend_plan::lend);
+  CHECK(timing(bc, ns(85000), ns(24000)) == lend_plan::slots);
+  // A timing that measures one plan only (the root) keeps the plan it had.
+  for (int i = 0; i < 10; ++i) bc.next(bytes, timed, settled);
+  for (int i = 0; i < bc.explore_calls(); ++i) bc.next(bytes, timed, settled);
+  CHECK(bc.next(bytes, timed, settled) == lend_plan::slots);
+  CHECK(settled);
+
+  broadcast_lend_choice once(4);
+  CHECK(timing(once, ns(80000), ns(25000)) == lend_plan::slots);
+  for (int i = 0; i < 5000; ++i) {
+    CHECK_FALSE(once.exploring(bytes));
+    CHECK(once.next(bytes, timed, settled) == lend_plan::slots);
+    CHECK_FALSE(timed);
+  }
 }

@@ -1,13 +1,18 @@
 // timed_choice: a choice between two plans for a call, made per size by timing both
 // on this host, where which one is faster depends on the host, not on the call.
 //
-// The first `block` calls of a size take the first plan (the rule's own, except for
-// broadcast_lend_choice, which times lending first), the next
-// `block` the second, each but the first of a block timed from entering the engine to
-// completion, and the size then keeps the plan whose fastest call was faster. The
-// second must win by the choice's margin (near ties stay on the rule). A size none of whose
-// calls was timed under both plans (record() was never called for one of them)
-// settles on the rule.
+// The first calls of a size take the first plan (the rule's own, except for
+// broadcast_lend_choice, which times lending first) in a block, the next calls the
+// second in a block, and the size then keeps the plan whose fastest call was faster.
+// A block is its warm-up calls, not timed, then `timed_per_block` calls, each timed
+// from entering the engine to completion. A block warms up with one call, and a block
+// through slots after lending with as many calls as the FIFO has slots
+// (comm_core::slots_warmup_calls): the first call to write each slot finds it out of
+// the cache (docs/performance.md, "A plan through slots is timed once every slot is
+// warm"). The second must win by the choice's margin (near ties stay on the rule). A
+// size none of whose calls was timed under both plans (record() was never called for
+// one of them) settles on the rule. The two lending choices time a settled size again
+// every comm_core::retime_lending_every calls.
 // Exploring calls are matched across ranks (the n-th call of a size is the same call
 // everywhere), so every rank runs the same plan at the same call.
 //
@@ -43,7 +48,8 @@
 //   both"). Timed and passed on as stream_choice is (link_set::measured_lending),
 //   with a smaller margin: only the reader decides, so no two ranks can mix plans.
 //
-// PLAIT_DEBUG=info logs each size's choice with the best times.
+// PLAIT_DEBUG=info logs each size's choice with the best times, and a later timing's
+// where it changes the plan (trace: every timing).
 //
 // The table is fixed in size (no allocation on the hot path): a size that maps to
 // a slot held by another starts over there. Thread-safety: used under the engine lock.
@@ -71,42 +77,83 @@ struct choice_names {
 template <class Plan, Plan First, Plan Second>
 class timed_choice {
  public:
-  // The calls of a size that choose: each plan in a block of `block` calls, the
-  // first of which is not timed (the first call of a size touches fresh pages, and a
-  // plan's first call after the other's finds the caches set for the other).
-  static constexpr int block = 3;
-  static constexpr int explore_calls = 2 * block;
+  // The calls of a size that choose: each plan in a block of its warm-up calls, not
+  // timed (the first call of a size touches fresh pages, a plan's first call after the
+  // other's finds the caches set for the other, and a slot's first write finds it out
+  // of the cache), then timed_per_block timed ones.
+  static constexpr int timed_per_block = 2;
+  static constexpr int default_warmup = 1;
   // The second plan is kept when its best <= margin x the first's best.
   static constexpr double default_margin = 0.85;
   static constexpr std::size_t table_size = 16;
 
-  explicit timed_choice(choice_names names, double margin = default_margin) noexcept : names_(names), margin_(margin) {}
+  // `second_warmup`: the untimed calls that open the second plan's block (at least 1).
+  // `retime_every`: a settled size times both plans again after that many more calls
+  // (0: never).
+  explicit timed_choice(choice_names names, double margin = default_margin, int second_warmup = default_warmup,
+                        int retime_every = 0) noexcept
+      : names_(names),
+        margin_(margin),
+        second_warmup_(second_warmup < 1 ? 1 : second_warmup),
+        retime_every_(retime_every < 0 ? 0 : retime_every) {}
 
-  // Whether the next call of this size still explores (it is one of the first
-  // explore_calls, and not the one that settles).
-  bool exploring(std::size_t bytes) noexcept { return at(bytes).issued < explore_calls; }
+  // The calls of each plan's block, and of both.
+  static constexpr int first_block() noexcept { return default_warmup + timed_per_block; }
+  int second_block() const noexcept { return second_warmup_ + timed_per_block; }
+  int explore_calls() const noexcept { return first_block() + second_block(); }
+
+  // Whether the next call of this size explores (it is one of the first
+  // explore_calls() of a timing, and not the one that settles).
+  bool exploring(std::size_t bytes) noexcept {
+    const entry& e = at(bytes);
+    return e.issued < explore_calls() || retime_due(e);
+  }
 
   // The plan for the next call of this size, counted as issued; `timed` is set where
   // its time is wanted (record()). Calls are counted when they are issued, not when
   // they end, so that every rank gives the n-th call the same plan even when calls
   // overlap. `settled` is set on the one call at which the size settles.
+  //
+  // With retime_every, the size is timed again every retime_every calls after it
+  // settled, counted alike on every rank, so the ranks start again at the same call: a
+  // host's state can change under a long run (docs/performance.md, "A settled size is
+  // timed again"). A settled plan is kept until the next settling, which is logged only
+  // where it changes the plan.
   Plan next(std::size_t bytes, bool& timed, bool& settled) noexcept {
     entry& e = at(bytes);
-    const int n = e.issued < explore_calls ? e.issued++ : e.issued;
-    timed = n < explore_calls && n % block != 0;
+    if (retime_due(e)) {
+      e.issued = 0;
+      e.since_settled = 0;
+      e.best = {never, never};
+      e.settled = false;
+      ++e.timings;
+    }
+    const int explore = explore_calls();
+    const int n = e.issued < explore ? e.issued++ : e.issued;
     settled = false;
-    if (n < explore_calls) return n < block ? First : Second;
+    if (n < explore) {
+      const bool first = n < first_block();
+      timed = first ? n >= default_warmup : n - first_block() >= second_warmup_;
+      return first ? First : Second;
+    }
+    timed = false;
     if (!e.settled) {
       e.settled = settled = true;
+      const Plan before = e.decided;
       const bool measured = e.best[0] != never && e.best[1] != never;
       if (measured)
         e.decided =
             static_cast<double>(e.best[1].count()) <= margin_ * static_cast<double>(e.best[0].count()) ? Second : First;
-      log(log_level::info, names_.what, " of ", bytes, " B: ",
+      // A later timing that keeps the plan logs at trace only.
+      log(e.timings == 0 || e.decided != before ? log_level::info : log_level::trace, names_.what, " of ", bytes,
+          " B: ",
           !measured             ? "the rule (not timed both ways)"
           : e.decided == Second ? names_.second
                                 : names_.first,
-          " (best call ", names_.first, " ", ms(e.best[0]), " us, ", names_.second, " ", ms(e.best[1]), " us)");
+          " (best call ", names_.first, " ", ms(e.best[0]), " us, ", names_.second, " ", ms(e.best[1]), " us",
+          e.timings == 0 ? ")" : "; timed again)");
+    } else if (retime_every_ > 0) {
+      ++e.since_settled;
     }
     return e.decided;
   }
@@ -136,7 +183,13 @@ class timed_choice {
     std::array<std::chrono::nanoseconds, 2> best{never, never};  // First, Second
     Plan decided{};                                              // value-initialised: the rule
     bool settled = false;
+    int since_settled = 0;  // calls that took the settled plan
+    int timings = 0;        // timings after the first
   };
+
+  bool retime_due(const entry& e) const noexcept {
+    return e.settled && retime_every_ > 0 && e.since_settled >= retime_every_;
+  }
 
   entry& at(std::size_t bytes) noexcept {
     // Sizes a program uses are mostly powers of two apart, or close to one another:
@@ -149,13 +202,17 @@ class timed_choice {
 
   choice_names names_;
   double margin_;
+  int second_warmup_;
+  int retime_every_;
   std::array<entry, table_size> table_{};
 };
 
-// all_gather: lend the block or send it through slots (rule: lending).
+// all_gather: lend the block or send it through slots (rule: lending); the slots'
+// block opens with `slots_warmup` untimed calls.
 class lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::slots> {
  public:
-  lend_choice() noexcept : timed_choice({"all_gather", "lending", "through slots"}) {}
+  explicit lend_choice(int slots_warmup = default_warmup, int retime_every = 0) noexcept
+      : timed_choice({"all_gather", "lending", "through slots"}, default_margin, slots_warmup, retime_every) {}
 };
 
 // broadcast: slots written past the cache or not (rule: streamed, where the transport says so).
@@ -172,7 +229,8 @@ class stream_choice : public timed_choice<stream_plan, stream_plan::stream, stre
 // they were faster by the margin.
 class broadcast_lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::slots> {
  public:
-  broadcast_lend_choice() noexcept : timed_choice({"broadcast", "lending", "through slots"}, 0.95) {}
+  explicit broadcast_lend_choice(int slots_warmup = default_warmup, int retime_every = 0) noexcept
+      : timed_choice({"broadcast", "lending", "through slots"}, 0.95, slots_warmup, retime_every) {}
 };
 
 }  // namespace plait::detail
