@@ -593,29 +593,29 @@ class comm_core {
     }
   }
 
-  // An all_gather whose sends may lend from any memory (a core per rank, shm's single
-  // copy on, PLAIT_SINGLE_COPY not `always`), from executor::lend_gather_from_bytes
-  // below the copy slices' range (executor::gather_in_copy_slices, tuned for lending
-  // on its own): lend_choice picks lending or slots for its size (docs/performance.md,
-  // "all_gather lends or not, by timing both").
-  // The untimed calls that open a timed block through slots after one that lent: one
-  // per slot of the FIFO, so that every slot has been written once before a call is
-  // timed (the first write to a slot finds it out of the cache: 2 ranks, shm, a 1 MiB
-  // broadcast's slots block took 76-117 us at its best timed call on the 32 MiB L3
-  // host type, against 23-28 per call once each slot had been written;
-  // docs/performance.md, "A plan through slots is timed once every slot is warm").
-  // At most 16, whatever PLAIT_DEPTH says.
   // The calls after which a size's choice between lending and slots is timed again
   // (lend_choice, broadcast_lend_choice): where the two cores' caches trade dirty
   // lines slowly for a while (2 ranks, shm, the 32 MiB L3 host type: 1 MiB of slots in
   // 230-470 us per call for seconds at a time, against 23-28; lending 80-100 all the
   // while), the plan timed first is the wrong one until the next timing
-  // (docs/performance.md, "A settled size is timed again"). 9 calls of 1000 explore.
+  // (docs/performance.md, "A settled size is timed again"). 11 calls of 1000 explore.
   // stream_choice is timed once: both its plans go through slots.
   static constexpr int retime_lending_every = 1000;
+  // The untimed calls that open a timed block through slots after one that lent: one
+  // per slot of the FIFO, so that every slot has been written once before a call is
+  // timed (the first write to a slot finds it out of the cache: 2 ranks, shm, a 1 MiB
+  // broadcast's slots block took 66-133 us at its best timed call on the 32 MiB L3
+  // host type, against 23-28 per call once each slot had been written;
+  // docs/performance.md, "A plan through slots is timed once every slot is warm").
+  // At most 16, whatever PLAIT_DEPTH says.
   static int slots_warmup_calls(const comm_config& cfg) noexcept {
     return static_cast<int>(std::min<std::size_t>(cfg.depth != 0 ? cfg.depth : comm_config::default_depth, 16));
   }
+  // An all_gather whose sends may lend from any memory (a core per rank, shm's single
+  // copy on, PLAIT_SINGLE_COPY not `always`), from executor::lend_gather_from_bytes
+  // below the copy slices' range (executor::gather_in_copy_slices, tuned for lending
+  // on its own): lend_choice picks lending or slots for its size (docs/performance.md,
+  // "all_gather lends or not, by timing both").
   bool times_lending(const call& c) const noexcept {
     if (c.desc.kind != collective_kind::all_gather || oversubscribed_ || links_ == nullptr || size_ < 2 ||
         !cfg_.single_copy || cfg_.lend_always || !cfg_.shares_copies || cfg_.network)

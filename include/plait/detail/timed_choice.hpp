@@ -4,11 +4,13 @@
 // The first calls of a size take the first plan (the rule's own, except for
 // broadcast_lend_choice, which times lending first) in a block, the next calls the
 // second in a block, and the size then keeps the plan whose fastest call was faster.
-// A block is its warm-up calls, not timed, then `timed_per_block` calls, each timed
-// from entering the engine to completion. A block warms up with one call, and a block
-// through slots after lending with as many calls as the FIFO has slots
-// (comm_core::slots_warmup_calls): the first call to write each slot finds it out of
-// the cache (docs/performance.md, "A plan through slots is timed once every slot is
+// A block is its warm-up calls, not timed, then its timed calls, each timed from
+// entering the engine to completion. A block warms up with one call and times 2, and a
+// block through slots after lending warms up with as many calls as the FIFO has slots
+// (comm_core::slots_warmup_calls: the first call to write each slot finds it out of
+// the cache) and times 4 (a barrier between calls, as a benchmark's after its warm-up
+// calls, can fall inside the block, and the calls right after it catch the ranks in
+// lock-step) (docs/performance.md, "A plan through slots is timed once every slot is
 // warm"). The second must win by the choice's margin (near ties stay on the rule). A
 // size none of whose calls was timed under both plans (record() was never called for
 // one of them) settles on the rule. The two lending choices time a settled size again
@@ -80,26 +82,28 @@ class timed_choice {
   // The calls of a size that choose: each plan in a block of its warm-up calls, not
   // timed (the first call of a size touches fresh pages, a plan's first call after the
   // other's finds the caches set for the other, and a slot's first write finds it out
-  // of the cache), then timed_per_block timed ones.
-  static constexpr int timed_per_block = 2;
+  // of the cache), then its timed ones.
   static constexpr int default_warmup = 1;
+  static constexpr int default_timed = 2;
+  static constexpr int slots_timed = 4;  // the lending choices' block through slots
   // The second plan is kept when its best <= margin x the first's best.
   static constexpr double default_margin = 0.85;
   static constexpr std::size_t table_size = 16;
 
-  // `second_warmup`: the untimed calls that open the second plan's block (at least 1).
-  // `retime_every`: a settled size times both plans again after that many more calls
-  // (0: never).
+  // `second_warmup`, `second_timed`: the untimed calls that open the second plan's
+  // block (at least 1), and the timed ones after them (at least 1). `retime_every`: a
+  // settled size times both plans again after that many more calls (0: never).
   explicit timed_choice(choice_names names, double margin = default_margin, int second_warmup = default_warmup,
-                        int retime_every = 0) noexcept
+                        int second_timed = default_timed, int retime_every = 0) noexcept
       : names_(names),
         margin_(margin),
         second_warmup_(second_warmup < 1 ? 1 : second_warmup),
+        second_timed_(second_timed < 1 ? 1 : second_timed),
         retime_every_(retime_every < 0 ? 0 : retime_every) {}
 
   // The calls of each plan's block, and of both.
-  static constexpr int first_block() noexcept { return default_warmup + timed_per_block; }
-  int second_block() const noexcept { return second_warmup_ + timed_per_block; }
+  static constexpr int first_block() noexcept { return default_warmup + default_timed; }
+  int second_block() const noexcept { return second_warmup_ + second_timed_; }
   int explore_calls() const noexcept { return first_block() + second_block(); }
 
   // Whether the next call of this size explores (it is one of the first
@@ -203,16 +207,18 @@ class timed_choice {
   choice_names names_;
   double margin_;
   int second_warmup_;
+  int second_timed_;
   int retime_every_;
   std::array<entry, table_size> table_{};
 };
 
 // all_gather: lend the block or send it through slots (rule: lending); the slots'
-// block opens with `slots_warmup` untimed calls.
+// block opens with `slots_warmup` untimed calls, then times slots_timed.
 class lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::slots> {
  public:
   explicit lend_choice(int slots_warmup = default_warmup, int retime_every = 0) noexcept
-      : timed_choice({"all_gather", "lending", "through slots"}, default_margin, slots_warmup, retime_every) {}
+      : timed_choice({"all_gather", "lending", "through slots"}, default_margin, slots_warmup, slots_timed,
+                     retime_every) {}
 };
 
 // broadcast: slots written past the cache or not (rule: streamed, where the transport says so).
@@ -230,7 +236,7 @@ class stream_choice : public timed_choice<stream_plan, stream_plan::stream, stre
 class broadcast_lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::slots> {
  public:
   explicit broadcast_lend_choice(int slots_warmup = default_warmup, int retime_every = 0) noexcept
-      : timed_choice({"broadcast", "lending", "through slots"}, 0.95, slots_warmup, retime_every) {}
+      : timed_choice({"broadcast", "lending", "through slots"}, 0.95, slots_warmup, slots_timed, retime_every) {}
 };
 
 }  // namespace plait::detail
