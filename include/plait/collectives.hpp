@@ -15,6 +15,7 @@
 #include <limits>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include <plait/algorithm/direct.hpp>
 #include <plait/algorithm/recursive_doubling.hpp>
@@ -119,6 +120,15 @@ struct call_builder {
     return p;
   }
 
+  // The bytes at the call's input and at its output: an all_gather's output and a
+  // reduce_scatter's input hold a block per rank.
+  std::pair<std::size_t, std::size_t> extents() const {
+    const std::size_t bytes = c->desc.count * c->elem_size, blocks = bytes * static_cast<std::size_t>(core.size());
+    if (c->desc.kind == collective_kind::all_gather) return {bytes, blocks};
+    if (c->desc.kind == collective_kind::reduce_scatter) return {blocks, bytes};
+    return {bytes, bytes};
+  }
+
   // This call's slice (comm_config::slice_for its kind and output), in elements.
   std::size_t slice_elems() const { return std::max<std::size_t>(1, c->desc.slice_bytes / sizeof(T)); }
 
@@ -135,6 +145,9 @@ struct call_builder {
     c->steps.assign(s.begin(), s.end());
     c->input = static_cast<const std::byte*>(in);
     c->output = static_cast<std::byte*>(out);
+    const auto [in_bytes, out_bytes] = extents();
+    core.back_by_huge_pages(in, in_bytes);
+    if (out != in) core.back_by_huge_pages(out, out_bytes);
     if (async) {
       *req = core.submit(std::move(c));
     } else {

@@ -98,6 +98,11 @@ inline comm_config config_from_env() {
       throw bad_env("PLAIT_SINGLE_COPY", s, "on, off or always");
     cfg.lend_always = s == "always";
   }
+  if (const char* v = std::getenv("PLAIT_HUGE_PAGES")) {
+    const std::string_view s(v);
+    if (s != "on" && s != "off") throw bad_env("PLAIT_HUGE_PAGES", s, "on or off");
+    cfg.huge_pages = s == "on";
+  }
   if (const char* v = std::getenv("PLAIT_TCP_CONGESTION")) {
     const std::string_view s(v);
     if (s == "system")

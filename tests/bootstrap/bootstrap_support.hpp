@@ -69,6 +69,7 @@ inline const std::vector<std::string>& bootstrap_variables() {
                                                  "PLAIT_POLL",
                                                  "PLAIT_PROGRESS",
                                                  "PLAIT_SINGLE_COPY",
+                                                 "PLAIT_HUGE_PAGES",
                                                  "PLAIT_STREAM_BYTES",
                                                  "PLAIT_TCP_CONGESTION",
                                                  "PLAIT_DEBUG",

@@ -224,6 +224,11 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   env.set("PLAIT_SINGLE_COPY", "always");
   CHECK(config_from_env().single_copy);
   CHECK(config_from_env().lend_always);
+  CHECK(defaults.huge_pages);
+  env.set("PLAIT_HUGE_PAGES", "off");
+  CHECK_FALSE(config_from_env().huge_pages);
+  env.set("PLAIT_HUGE_PAGES", "on");
+  CHECK(config_from_env().huge_pages);
   CHECK(defaults.stream_from_bytes == 8u << 20);
   env.set("PLAIT_STREAM_BYTES", "1");
   CHECK(config_from_env().stream_from_bytes == 1);
@@ -251,6 +256,8 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
                                                      {"PLAIT_PROGRESS", "Thread"},
                                                      {"PLAIT_PROGRESS", ""},
                                                      {"PLAIT_SINGLE_COPY", "yes"},
+                                                     {"PLAIT_HUGE_PAGES", "yes"},
+                                                     {"PLAIT_HUGE_PAGES", ""},
                                                      {"PLAIT_STREAM_BYTES", "0"},
                                                      {"PLAIT_STREAM_BYTES", "never"},
                                                      {"PLAIT_TCP_CONGESTION", "no-such-algorithm"},

@@ -15,6 +15,7 @@
 
 #include "bootstrap/bootstrap_support.hpp"
 #include "shm_test_support.hpp"
+#include "support/catch_or_skip.hpp"
 #include "support/ranks.hpp"
 
 namespace {
@@ -286,11 +287,4 @@ TEST_CASE("shm single copy: broadcast, send/recv and all_gather deliver every by
   }
 }
 
-int main(int argc, char** argv) {
-  const std::string missing = prerequisite_missing();
-  if (!missing.empty()) {
-    std::printf("SKIP: %s\n", missing.c_str());
-    return 77;
-  }
-  return Catch::Session().run(argc, argv);
-}
+int main(int argc, char** argv) { return plait::testing::catch_or_skip(prerequisite_missing(), argc, argv); }

@@ -186,8 +186,10 @@ inline std::string interface_address(const std::string& ifname) {
   for (ifaddrs* i = list.head; i; i = i->ifa_next) {
     if (!i->ifa_name) continue;
     if (ifname != i->ifa_name) {
-      if (names.find(" " + std::string(i->ifa_name) + " ") == std::string::npos)
-        names += std::string(i->ifa_name) + " ";
+      // Built by append: GCC 12 at -O3 warns falsely (-Wrestrict) on " " + std::string(...).
+      std::string listed = " ";
+      listed.append(i->ifa_name).append(" ");
+      if (names.find(listed) == std::string::npos) names.append(listed, 1, std::string::npos);
       continue;
     }
     seen = true;

@@ -18,6 +18,7 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include <plait/detail/doorbell.hpp>
+#include <plait/detail/huge_backing.hpp>
 #include <plait/error.hpp>
 #include <plait/executor.hpp>
 #include <plait/request.hpp>
@@ -120,6 +122,9 @@ struct comm_config {
   // Let a transport that can (shm: CMA) have peers copy large plain sends straight
   // from this rank's memory (link_config::single_copy; PLAIT_SINGLE_COPY).
   bool single_copy = true;
+  // Collapse the whole 2 MiB pages of a call's buffers into transparent huge pages
+  // before the call (huge_backing; PLAIT_HUGE_PAGES).
+  bool huge_pages = true;
   // Congestion control of network links that stay on this host (link_config::
   // host_congestion; PLAIT_TCP_CONGESTION, `system`: empty, the system's). Unset until
   // communicator::create resolves it with host_congestion_for.
@@ -284,6 +289,23 @@ class comm_core {
   // set when the call enters the engine (enqueue, or the first pass of run()).
   std::chrono::nanoseconds timeout_for(std::chrono::milliseconds per_call) const noexcept {
     return per_call.count() > 0 ? std::chrono::nanoseconds(per_call) : cfg_.timeout;
+  }
+
+  // Before a call (on the caller's thread): the whole 2 MiB pages of one of its
+  // buffers onto huge pages (huge_backing). A collapse that did work, or failed, is
+  // logged at info; a range asked again and found done, at trace.
+  void back_by_huge_pages(const void* p, std::size_t bytes) noexcept {
+    if (!cfg_.huge_pages || p == nullptr) return;
+    const huge_backing::asked a = huge_.back(p, bytes);
+    if (a.bytes == 0) return;
+    const double ms = std::chrono::duration<double, std::milli>(a.took).count();
+    const bool worked = a.error != 0 || a.took >= std::chrono::milliseconds(1);
+    if (a.error == 0)
+      log(worked ? log_level::info : log_level::trace, "huge pages: ", a.bytes >> 20, " MiB of a call's buffer at ", p,
+          " collapsed or found so in ", ms, " ms");
+    else
+      log(log_level::info, "huge pages: the kernel did not collapse ", a.bytes >> 20, " MiB of a call's buffer at ", p,
+          " (", std::strerror(a.error), "); its pages stay as they are");
   }
 
   // Called twice per call: the flag keeps the lock off the path of a healthy communicator.
@@ -748,6 +770,7 @@ class comm_core {
   lend_choice lend_choice_;                      // all_gather: lend or slots, per output size (times_lending)
   stream_choice stream_choice_;                  // broadcast: slots streamed or plain, per size (times_streaming)
   broadcast_lend_choice broadcast_lend_choice_;  // broadcast: lend or slots, per size (times_broadcast_lending)
+  huge_backing huge_;                            // the caller's buffers on huge pages (back_by_huge_pages)
   doorbell bell_;
   std::unique_ptr<link_set> links_;
   std::unique_ptr<bootstrap_context> ctx_;
