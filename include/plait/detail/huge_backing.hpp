@@ -1,15 +1,16 @@
 // huge_backing: the caller's large buffers on transparent huge pages.
 //
 // A copy through a large buffer on 4 KiB pages takes a TLB miss every 4 KiB, and in
-// a virtual machine each miss walks two page tables: a 2-rank shm all_gather of 16
-// MiB took 1.7x-2x as long on malloc's 4 KiB pages as on huge pages, an all_reduce
-// up to 1.9x (docs/performance.md, "The caller's large buffers on huge pages"), and
-// shm's single copy (CMA) lends only bytes on huge pages. So before a call, the part
-// of each of its buffers that covers whole 2 MiB pages is collapsed into transparent
-// huge pages with madvise(MADV_COLLAPSE) (Linux 6.1+). The bytes stay as they were;
-// only the pages behind them change. The kernel refuses memory that may not take
-// them (a file's pages, a range the program marked MADV_NOHUGEPAGE, pinned pages, no
-// free huge page, an older kernel), and the call goes on as before.
+// a virtual machine each miss walks two page tables (likely where the time goes; not
+// measured): a 2-rank shm all_gather of 16 MiB took 1.7x-2x as long on malloc's 4 KiB
+// pages as on huge pages, an all_reduce up to 1.9x (docs/performance.md, "The
+// caller's large buffers on huge pages"), and with more ranks than cores shm's single
+// copy (CMA) lends only bytes on huge pages. So before a call, the part of each of its
+// buffers that covers whole 2 MiB pages is collapsed into transparent huge pages with
+// madvise(MADV_COLLAPSE) (Linux 6.1+). The bytes stay as they were; only the pages
+// behind them change. The kernel refuses memory that may not take them (a file's
+// pages, a range the program marked MADV_NOHUGEPAGE, pinned pages, no free huge page,
+// an older kernel), and the call goes on as before.
 //
 // A collapse copies the range into fresh huge pages: here about 0.45 ms per 2 MiB
 // (2 ms where the host had not given this machine that memory before), while asking
