@@ -299,10 +299,9 @@ class comm_core {
     const huge_backing::asked a = huge_.back(p, bytes);
     if (a.bytes == 0) return;
     const double ms = std::chrono::duration<double, std::milli>(a.took).count();
-    const bool worked = a.error != 0 || a.took >= std::chrono::milliseconds(1);
     if (a.error == 0)
-      log(worked ? log_level::info : log_level::trace, "huge pages: ", a.bytes >> 20, " MiB of a call's buffer at ", p,
-          " collapsed or found so in ", ms, " ms");
+      log(a.took >= std::chrono::milliseconds(1) ? log_level::info : log_level::trace, "huge pages: ", a.bytes >> 20,
+          " MiB of a call's buffer at ", p, " collapsed or found so in ", ms, " ms");
     else
       log(log_level::info, "huge pages: the kernel did not collapse ", a.bytes >> 20, " MiB of a call's buffer at ", p,
           " (", std::strerror(a.error), "); its pages stay as they are");
