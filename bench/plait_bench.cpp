@@ -136,12 +136,17 @@ struct bench_run {
       for (std::size_t i = 0; i < count; ++i) out[i] = comm.rank() == o.root ? value<T>(o.root, i) : T{};
   }
 
-  // Which all_gather outputs are written past the cache (PLAIT_STREAM_BYTES).
+  // Which all_gather and broadcast outputs are written past the cache (PLAIT_STREAM_BYTES;
+  // broadcast: from half the last-level cache, with a core per rank on one host).
   std::string streamed() const {
-    const std::size_t b = comm.core().config().stream_from_bytes;
-    return b == std::numeric_limits<std::size_t>::max()
-               ? std::string("no output streamed")
-               : "all_gather outputs from " + std::to_string(b) + " B streamed";
+    constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+    const std::size_t g = comm.core().config().stream_from_bytes;
+    const std::size_t b = comm.core().config().broadcast_stream_from_bytes;
+    if (g == never && b == never) return "no output streamed";
+    std::string s;
+    if (g != never) s = "all_gather outputs from " + std::to_string(g) + " B";
+    if (b != never) s += (s.empty() ? "broadcast outputs from " : ", broadcast's from ") + std::to_string(b) + " B";
+    return s + " streamed";
   }
 
   // The congestion control of tcp links on this host (and the bound's), and the system's.

@@ -123,6 +123,7 @@ inline comm_config config_from_env() {
                   "PLAIT_STREAM_BYTES=0 is out of range: use an output size of 1 byte or more, or off");
     else
       cfg.stream_from_bytes = *b;
+    cfg.broadcast_stream_from_bytes = cfg.stream_from_bytes;
   }
   return cfg;
 }

@@ -130,10 +130,12 @@ class executor {
   // `oversubscribed`: more ranks than cores on this host (likely), so a rank that
   // waits for a peer often waits for it to be scheduled. `lend_always`: lend every
   // plain copy the transport can, not only where lending_pays. `stream_from`: all_gather
-  // calls whose output is this large or larger copy into it with non-temporal stores.
+  // calls whose output is this large or larger copy into it with non-temporal stores;
+  // `broadcast_stream_from`: broadcasts, likewise.
   executor(int rank, int size, link_set* links, doorbell& bell, const std::atomic<bool>& aborted,
            std::span<std::uint64_t> last_seen, bool oversubscribed = false, bool lend_always = false,
-           std::size_t stream_from = std::numeric_limits<std::size_t>::max())
+           std::size_t stream_from = std::numeric_limits<std::size_t>::max(),
+           std::size_t broadcast_stream_from = std::numeric_limits<std::size_t>::max())
       : rank_(rank),
         size_(size),
         links_(links),
@@ -142,7 +144,8 @@ class executor {
         last_seen_(last_seen),
         oversubscribed_(oversubscribed),
         lend_always_(lend_always),
-        stream_from_(stream_from) {}
+        stream_from_(stream_from),
+        broadcast_stream_from_(broadcast_stream_from) {}
 
   // Runs steps while they are ready. Returns true when the call is complete.
   // `earlier` are the calls issued before this one and not yet complete: a step
@@ -288,14 +291,18 @@ class executor {
   }
 
   // Whether the call's copies into its output skip the cache: all_gather calls from
-  // stream_from_ bytes of output. Measured (docs/performance.md, "all_gather copies
-  // into a large output past the cache"): all_gather ahead at 16M and more in every
-  // run; broadcast and all_reduce ahead in some runs and behind in others, so not yet.
+  // stream_from_ bytes of output, broadcasts from broadcast_stream_from_ (comm_config::
+  // broadcast_stream_from). Measured (docs/performance.md, "all_gather copies into a
+  // large output past the cache"): all_gather ahead at 16M and more in every run;
+  // broadcast and all_reduce ahead in some runs and behind in others; broadcast, 2
+  // ranks, ahead beyond half the last-level cache and behind below ("A broadcast's
+  // output past the cache, beyond half the last-level cache"); all_reduce not yet.
   // Not where the call lends from any memory in copy slices (gather_in_copy_slices):
   // there a peer's single copy reads this rank's input while it copies its own block,
   // and non-temporal stores made that 1.4x slower (16M in one 8M slice: 2078 against
   // 1464 us). Where such a call goes through slots (call::lend), it streams.
   bool streams(const call& c) const noexcept {
+    if (c.desc.kind == collective_kind::broadcast) return output_bytes(c) >= broadcast_stream_from_;
     if (c.desc.kind != collective_kind::all_gather || output_bytes(c) < stream_from_) return false;
     return !(gather_in_copy_slices(output_bytes(c)) && lends_any_memory(c) && c.lend != lend_plan::slots);
   }
@@ -693,6 +700,7 @@ class executor {
   bool oversubscribed_;
   bool lend_always_;
   std::size_t stream_from_;
+  std::size_t broadcast_stream_from_;
   // The slice the last step staged (link_set::stage), which the next step may post
   // again: its call, step and bytes, and the transport's handle.
   struct shared_slice {

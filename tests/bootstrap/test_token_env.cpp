@@ -230,12 +230,25 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   env.set("PLAIT_HUGE_PAGES", "on");
   CHECK(config_from_env().huge_pages);
   CHECK(defaults.stream_from_bytes == 8u << 20);
+  CHECK(defaults.broadcast_stream_from_bytes == 0);  // resolved by comm_core from the host's cache
   env.set("PLAIT_STREAM_BYTES", "1");
   CHECK(config_from_env().stream_from_bytes == 1);
+  CHECK(config_from_env().broadcast_stream_from_bytes == 1);
   env.set("PLAIT_STREAM_BYTES", "64M");
   CHECK(config_from_env().stream_from_bytes == 64u << 20);
+  CHECK(config_from_env().broadcast_stream_from_bytes == 64u << 20);
   env.set("PLAIT_STREAM_BYTES", "off");
   CHECK(config_from_env().stream_from_bytes == std::numeric_limits<std::size_t>::max());
+  CHECK(config_from_env().broadcast_stream_from_bytes == std::numeric_limits<std::size_t>::max());
+  {
+    using plait::detail::comm_config;
+    constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+    CHECK(comm_config::broadcast_stream_from(32u << 20, false, false) == (16u << 20) + 1);
+    CHECK(comm_config::broadcast_stream_from(480u << 20, false, false) == (240u << 20) + 1);
+    CHECK(comm_config::broadcast_stream_from(32u << 20, true, false) == never);  // more ranks than cores
+    CHECK(comm_config::broadcast_stream_from(32u << 20, false, true) == never);  // a network transport
+    CHECK(comm_config::broadcast_stream_from(0, false, false) == never);         // the cache's size unknown
+  }
   CHECK_FALSE(defaults.host_congestion);                                    // resolved by communicator::create
   CHECK(plait::detail::comm_config::host_congestion_for(1) == "reno");      // a core per rank: unpaced reno
   CHECK(plait::detail::comm_config::host_congestion_for(1 << 20).empty());  // oversubscribed: the system's

@@ -250,9 +250,10 @@ void check_cases(int n, std::function<case_list<Tr>()> make, rank_options opt = 
   SUCCEED(cases.size() << " cases x " << n << " ranks bit-exact");
 }
 
-// Every collective with PLAIT_STREAM_BYTES=1: every all_gather copy into the output
-// goes through the non-temporal store path (at the default only calls of 8 MiB and
-// more do), at odd counts and so at every alignment of the output's pieces; the
+// Every collective with PLAIT_STREAM_BYTES=1: every all_gather and broadcast copy into
+// the output goes through the non-temporal store path (at the default only all_gather
+// calls of 8 MiB and more do, and broadcasts beyond half the last-level cache with a
+// core per rank), at odd counts and so at every alignment of the output's pieces; the
 // other collectives must be unchanged by it.
 template <class Tr>
 void check_streamed(int ranks) {

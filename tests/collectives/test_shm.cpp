@@ -177,3 +177,35 @@ TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are wr
       },
       defaults);
 }
+
+// A broadcast of several slices (the broadcast slice is 1 MiB) whose output is written
+// past the cache (PLAIT_STREAM_BYTES=1M here; by default from half the last-level
+// cache, with a core per rank): every call exact, with odd tails and an output 4 bytes
+// off its allocation's alignment, while the root changes its buffer every call.
+TEST_CASE("2-rank broadcast over shm is exact with its output written past the cache", "[collectives][shm]") {
+  rank_options opt;
+  opt.slice_bytes = "256K";
+  opt.copy_slice_bytes = "";
+  opt.stream_bytes = "1M";
+  check_cases<shm>(
+      2,
+      [] {
+        case_list<shm> cs;
+        for (std::size_t count : {(std::size_t{1} << 18) + 3, (std::size_t{3} << 18) + 1})
+          for (int call = 0; call < 4; ++call)
+            cs.push_back({"broadcast count=" + std::to_string(count) + " call " + std::to_string(call),
+                          [count, call](plait::communicator<shm>& c) {
+                            std::vector<float> buf(count + 1, -1.0f);
+                            if (c.rank() == 0) {
+                              const auto p = exact_pattern<float, plait::sum>(call, count);
+                              std::copy(p.begin(), p.end(), buf.begin() + 1);
+                            }
+                            plait::broadcast(c, std::span<float>(buf.data() + 1, count), 0);
+                            return to_blob(std::vector<float>(buf.begin() + 1, buf.end()));
+                          },
+                          [count, call](int) { return to_blob(exact_pattern<float, plait::sum>(call, count)); },
+                          &diff_as<float>});
+        return cs;
+      },
+      opt);
+}

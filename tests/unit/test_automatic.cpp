@@ -11,6 +11,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <cstdlib>
+
 using plait::automatic;
 using plait::detail::collective_kind;
 using plait::detail::pick;
@@ -124,6 +127,25 @@ TEST_CASE("an explicit algorithm is never overridden by the transport", "[automa
   CHECK(pick<plait::ring>(4096, true, 4, true) == plait::ring::id);
   CHECK(pick<plait::recursive_doubling>(4096, true, 4, true) == plait::recursive_doubling::id);
   CHECK(pick_exchange<plait::direct>(collective_kind::reduce_scatter, 4096, 4, true) == plait::direct::id);
+}
+
+// The last-level cache as sysfs describes it (lscpu's source): where the kernel lists
+// this CPU's caches, the largest level's size, a whole number of KiB and at least the
+// first level's; 0 only where it lists none.
+TEST_CASE("last_level_cache_bytes reads the largest cache level from sysfs", "[automatic]") {
+  const std::size_t llc = plait::detail::last_level_cache_bytes();
+  std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index0/size", "r");
+  if (f == nullptr) {
+    CHECK(llc == 0);
+    return;
+  }
+  char first[32] = {};
+  REQUIRE(std::fgets(first, sizeof first, f) != nullptr);
+  std::fclose(f);
+  const std::size_t l1 = std::strtoull(first, nullptr, 10) << 10;  // "32K"
+  CAPTURE(llc, first);
+  CHECK(llc >= l1);
+  CHECK(llc % 1024 == 0);
 }
 
 TEST_CASE("broadcast and send/recv take the copy slice, the other collectives the slice", "[automatic]") {

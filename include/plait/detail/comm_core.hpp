@@ -18,7 +18,10 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -80,6 +83,38 @@ inline int bound_cpu() noexcept {
 inline bool more_ranks_than_cores(int ranks) noexcept {
   const unsigned cores = std::thread::hardware_concurrency();
   return cores != 0 && static_cast<unsigned>(ranks) > cores;
+}
+
+// The bytes of the last-level cache of the CPU this runs on, as Linux describes it in
+// sysfs (what lscpu shows); 0 where it does not say. Not sysconf(_SC_LEVEL3_CACHE_SIZE):
+// glibc reads that from the CPU's own description, which said 320 MiB on a host type
+// here whose L3 is 32 MiB.
+inline std::size_t last_level_cache_bytes() noexcept {
+  std::size_t bytes = 0;
+  unsigned top = 0;
+  for (int i = 0; i < 16; ++i) {
+    char path[96];
+    const auto read = [&](const char* name, char* buf, std::size_t n) {
+      std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, name);
+      std::FILE* f = std::fopen(path, "r");
+      if (f == nullptr) return false;
+      const bool got = std::fgets(buf, static_cast<int>(n), f) != nullptr;
+      std::fclose(f);
+      return got;
+    };
+    char level[16], type[32], size[32];
+    if (!read("level", level, sizeof level)) break;
+    if (!read("type", type, sizeof type) || !read("size", size, sizeof size)) continue;
+    if (std::strncmp(type, "Instruction", 11) == 0) continue;
+    char* end = nullptr;
+    const unsigned lv = static_cast<unsigned>(std::strtoul(level, nullptr, 10));
+    std::size_t b = std::strtoull(size, &end, 10);
+    if (*end == 'K') b <<= 10;
+    if (*end == 'M') b <<= 20;
+    if (*end == 'G') b <<= 30;
+    if (lv > top || (lv == top && b > bytes)) top = lv, bytes = b;
+  }
+  return bytes;
 }
 
 struct comm_config {
@@ -144,6 +179,21 @@ struct comm_config {
   std::size_t stream_from_bytes = stream_from_default;
   static constexpr std::size_t stream_from_default =
       8 * 1024 * 1024;  // docs/performance.md, "all_gather copies into a large output past the cache"
+  // Broadcasts whose output is this large or larger write it with non-temporal stores
+  // (executor::streams). 0 until comm_core resolves it (broadcast_stream_from); set
+  // with stream_from_bytes by PLAIT_STREAM_BYTES.
+  std::size_t broadcast_stream_from_bytes = 0;
+  // A broadcast's output larger than half the last-level cache does not stay there
+  // with the root's buffer beside it: from there on, with a core per rank on one host,
+  // it is written past the cache (2 ranks, shm, 32 MiB L3: 16M 676 against 773 us per
+  // call, 24M 1495 against 1295, 64M 4077 against 3522, 128M 8223 against 7355;
+  // docs/performance.md, "A broadcast's output past the cache, beyond half the
+  // last-level cache"). Never with more ranks than cores or over a network (not
+  // measured), or where the cache's size is unknown.
+  static std::size_t broadcast_stream_from(std::size_t llc_bytes, bool oversubscribed, bool network) noexcept {
+    if (llc_bytes == 0 || oversubscribed || network) return std::numeric_limits<std::size_t>::max();
+    return llc_bytes / 2 + 1;
+  }
   // The transport's messages are costly (transport_traits::network): `automatic`
   // picks with that in mind. Set by communicator::create from the transport type,
   // and false for a hybrid whose ranks all share one host (only its local transport).
@@ -219,6 +269,9 @@ class comm_core {
     if (cfg_.slice_bytes == 0) cfg_.slice_bytes = comm_config::slice_default;  // built without create
     // Oversubscribed (more ranks than cores on this host is likely): poll less.
     oversubscribed_ = more_ranks_than_cores(size);
+    if (cfg_.broadcast_stream_from_bytes == 0)
+      cfg_.broadcast_stream_from_bytes =
+          comm_config::broadcast_stream_from(last_level_cache_bytes(), oversubscribed_, cfg_.network);
     if (cfg_.poll.count() >= 0)
       bell_.set_spin(cfg_.poll);
     else if (oversubscribed_)
@@ -682,7 +735,7 @@ class comm_core {
 
   executor make_executor() {
     return executor(rank_, size_, links_.get(), bell_, aborted_, last_seen_, oversubscribed_, cfg_.lend_always,
-                    cfg_.stream_from_bytes);
+                    cfg_.stream_from_bytes, cfg_.broadcast_stream_from_bytes);
   }
 
   void on_failure(executor& ex, const error& e) {
