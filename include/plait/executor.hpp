@@ -252,23 +252,25 @@ class executor {
   // reader has copied. Measured (docs/performance.md, "Single copy on shm"): it pays
   // only from 8 MiB per call, for all_gather (from lend_gather_from_bytes with a core
   // per rank), and for broadcast and send/recv only with more ranks than cores (and
-  // a broadcast of one slot, as timed: below). With a core per rank, a plain copy through slots in 1 MiB slices keeps
-  // both cores copying and beats the reader's single copy (2 ranks, huge pages: 16M 623 against 1013 us, 128M 8233
-  // against 10860). An all_gather that lends from any memory lends only where its plan (call::lend, comm_core's
-  // lend_choice) is not slots. A broadcast with a core per rank lends a call of one slot (`bytes`, its step's send, is
-  // the whole call) from lend_broadcast_from_bytes, as its plan says (call::lend, comm_core's broadcast_lend_choice)
-  // or, once its readers timed both, as every one of them found faster (link_set::lending_measured).
-  bool lending_pays(const call& c, const step& s, std::size_t bytes) const noexcept {
+  // a broadcast with a core per rank, as timed: below). With a core per rank, a plain copy through slots in 1 MiB
+  // slices keeps both cores copying and beats the reader's single copy (2 ranks, huge pages: 16M 623 against 1013 us,
+  // 128M 8233 against 10860), except while the two cores trade dirty lines slowly (slots 5-10 times slower, lending
+  // not: docs/performance.md, "A broadcast of several slices lends or not, by timing both"). An all_gather that lends
+  // from any memory lends only where its plan (call::lend, comm_core's lend_choice) is not slots. A broadcast with a
+  // core per rank lends each slice of a call from lend_broadcast_from_bytes, as its plan says (call::lend, comm_core's
+  // broadcast_lend_choice) or, once its readers timed both for the call's size, as every one of them found faster
+  // (link_set::lending_measured).
+  bool lending_pays(const call& c, const step& s) const noexcept {
     const bool gather = c.desc.kind == collective_kind::all_gather;
     if (!gather && c.desc.kind != collective_kind::broadcast && c.desc.kind != collective_kind::point_to_point)
       return false;
     if (lend_always_) return true;
     if (gather && lends_any_memory(c)) return output_bytes(c) >= lend_gather_from_bytes && c.lend != lend_plan::slots;
     if (!gather && lends_any_memory(c)) {
-      if (bytes != output_bytes(c) || bytes < lend_broadcast_from_bytes || c.lend == lend_plan::slots) return false;
+      if (output_bytes(c) < lend_broadcast_from_bytes || c.lend == lend_plan::slots) return false;
       if (c.lend == lend_plan::lend) return true;
       for (int p : s.send_peer)
-        if (p >= 0 && links_->lending_measured(p, bytes) != 1) return false;
+        if (p >= 0 && links_->lending_measured(p, output_bytes(c)) != 1) return false;
       return true;
     }
     return output_bytes(c) >= lend_from_call_bytes && (gather || oversubscribed_);
@@ -458,7 +460,7 @@ class executor {
         from = local;
       else if (out != nullptr)
         from = out;
-      lend = lending_pays(c, s, bytes);
+      lend = lending_pays(c, s);
       for (int p : s.send_peer)
         if (p >= 0 && from != nullptr && (!links_->sends_from_memory(p) || (!lend && links_->sends_by_reference(p))))
           from = nullptr;

@@ -395,7 +395,9 @@ TEST_CASE("shm: a reader's measurement of streamed slots reaches its writer", "[
 }
 
 // Lending measured against slots (link_set::measured_lending) travels the same way,
-// in a word of its own: neither measurement changes the other.
+// in a word of its own: neither measurement changes the other. Its word keeps a
+// broadcast's sizes of several slices too (128 MiB, 1 GiB), which the streamed one,
+// for slots, does not (from 64 MiB).
 TEST_CASE("shm: a reader's measurement of lending reaches its writer, apart from streamed slots", "[shm][fifo]") {
   temp_dir dir;
   const auto results = run_ranks(2, std::chrono::seconds(60), [&](int r, int) -> std::string {
@@ -409,6 +411,9 @@ TEST_CASE("shm: a reader's measurement of lending reaches its writer, apart from
       links->measured_lending(64 * 1024, true);
       links->measured_lending(1 << 20, false);
       links->measured_streamed_slots(32 * 1024, true);
+      links->measured_lending(std::size_t{128} << 20, true);
+      links->measured_lending(std::size_t{1} << 30, false);
+      links->measured_streamed_slots(std::size_t{128} << 20, true);
       ctx.put("measured", std::span(&one, 1));
       ctx.get("seen", deadline);
       links->measured_lending(1 << 20, true);
@@ -421,6 +426,12 @@ TEST_CASE("shm: a reader's measurement of lending reaches its writer, apart from
     if (lend(64 * 1024) != 1 || lend(100 * 1024) != 1) return "64 KiB: lending not seen as faster";
     if (lend(1 << 20) != 0) return "1 MiB: " + std::to_string(lend(1 << 20)) + " instead of 0 (slots)";
     if (lend(32 * 1024) != -1 || lend(128 * 1024) != -1) return "a size nobody measured for lending is not -1";
+    if (lend(std::size_t{128} << 20) != 1 || lend((std::size_t{256} << 20) - 1) != 1)
+      return "128 MiB: " + std::to_string(lend(std::size_t{128} << 20)) + " instead of 1 (lending)";
+    if (lend(std::size_t{1} << 30) != 0 || lend(std::size_t{512} << 20) != -1 || lend(std::size_t{4} << 40) != -1)
+      return "1 GiB measured, 512 MiB not, 4 TiB beyond the word: not 0, -1, -1";
+    if (links->streamed_slots_measured(1, std::size_t{128} << 20) != -1)
+      return "the streamed word kept a size beyond 64 MiB";
     if (links->streamed_slots_measured(1, 64 * 1024) != -1 || links->streamed_slots_measured(1, 32 * 1024) != 1)
       return "the lending measurement and the streamed one mixed";
     ctx.put("seen", std::span(&one, 1));

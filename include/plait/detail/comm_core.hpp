@@ -706,16 +706,17 @@ class comm_core {
     else
       broadcast_lend_choice_.record(call_bytes(c), c.lend, took);
   }
-  // A broadcast of one slot, with a core per rank, from executor::lend_broadcast_from_bytes,
-  // where shm can lend the root's buffer from any memory: broadcast_lend_choice times
-  // lending against slots for its size, on the ranks that receive, once stream_choice
-  // has settled (docs/performance.md, "broadcast lends or not, by timing both").
+  // A broadcast with a core per rank, from executor::lend_broadcast_from_bytes, where shm
+  // can lend the root's buffer from any memory: broadcast_lend_choice times lending
+  // against slots for its size, on the ranks that receive, once stream_choice has
+  // settled where it times the size (docs/performance.md, "broadcast lends or not, by
+  // timing both"); a call of several slices lends each ("A broadcast of several slices
+  // lends or not, by timing both").
   bool times_broadcast_lending(const call& c) const noexcept {
     if (c.desc.kind != collective_kind::broadcast || oversubscribed_ || links_ == nullptr || size_ < 2 ||
         !cfg_.single_copy || cfg_.lend_always || !cfg_.shares_copies || cfg_.network)
       return false;
-    const std::size_t bytes = call_bytes(c);
-    return bytes >= executor::lend_broadcast_from_bytes && bytes <= cfg_.slice_for(collective_kind::broadcast);
+    return call_bytes(c) >= executor::lend_broadcast_from_bytes;
   }
   // A broadcast of one slot that the transport may write past the cache, with a core
   // per rank (executor::streams_slots): stream_choice times streamed slots against

@@ -41,14 +41,18 @@
 //   What counts is the reader's time, so only ranks that receive record theirs, and
 //   a rank passes its decision to the ranks that write to it (link_set::
 //   measured_streamed_slots); the root has nothing to time.
-// - broadcast_lend_choice: whether a broadcast of one slot lends the root's buffer
-//   (the reader copies it from there, CMA on shm) or goes through slots, filled as
-//   stream_choice settled (comm_core::times_broadcast_lending: a core per rank, 16
-//   KiB up to the broadcast slice). It starts once stream_choice has settled for the
-//   size. 2 ranks, shm, 480 MiB L3 host type: 256K lending 9.5 against slots 13.9
-//   us, 1M 50 against 61 (docs/performance.md, "broadcast lends or not, by timing
-//   both"). Timed and passed on as stream_choice is (link_set::measured_lending),
-//   with a smaller margin: only the reader decides, so no two ranks can mix plans.
+// - broadcast_lend_choice: whether a broadcast lends the root's buffer (the reader
+//   copies it from there, CMA on shm; a call of several slices slice by slice) or
+//   goes through slots, filled as stream_choice settled (comm_core::
+//   times_broadcast_lending: a core per rank, from 16 KiB). It starts once
+//   stream_choice has settled for the size, where that times it (one slot). 2 ranks,
+//   shm, 480 MiB L3 host type: 256K lending 9.5 against slots 13.9 us, 1M 50 against
+//   61 (docs/performance.md, "broadcast lends or not, by timing both"); 32 MiB L3 host
+//   type, 64M: slots 3.9 ms and lending 5.6-7.0 while the cores trade dirty lines
+//   quickly, slots 15-28 ms while they do not ("A broadcast of several slices lends
+//   or not, by timing both"). Timed and passed on as stream_choice is
+//   (link_set::measured_lending), with a smaller margin: only the reader decides, so
+//   no two ranks can mix plans.
 //
 // PLAIT_DEBUG=info logs each size's choice with the best times, and a later timing's
 // where it changes the plan (trace: every timing).

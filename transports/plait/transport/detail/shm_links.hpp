@@ -449,25 +449,30 @@ class shm_link_set final : public link_set {
     return links_[static_cast<std::size_t>(index_of_[static_cast<std::size_t>(peer)])];
   }
 
-  // Where a measurement word (streamed_faster, lend_faster) keeps slots of `bytes`:
-  // bits 2 x (floor(log2 bytes) - 10) (measured) and the one above it (which won),
-  // for slots of 1 KiB up to 64 MiB (16 powers of two); 32 (kept nowhere) outside.
-  static unsigned measured_bit(std::size_t bytes) noexcept {
+  // Where a measurement word of `bits` bits (streamed_faster: 32, lend_faster: 64) keeps
+  // `bytes`: bits 2 x (floor(log2 bytes) - 10) (measured) and the one above it (which
+  // won), from 1 KiB up to 64 MiB (32 bits) or 4 TiB (64 bits); `bits` (kept nowhere)
+  // outside.
+  static unsigned measured_bit(std::size_t bytes, unsigned bits) noexcept {
     const auto log2 = static_cast<unsigned>(std::bit_width(bytes)) - 1u;
-    return bytes == 0 || log2 < 10 || log2 >= 26 ? 32u : 2u * (log2 - 10u);
+    return bytes == 0 || log2 < 10 || log2 >= 10 + bits / 2 ? bits : 2u * (log2 - 10u);
   }
-  static int measured(const std::atomic<std::uint32_t>& w, std::size_t bytes) noexcept {
-    const std::uint32_t word = w.load(std::memory_order_relaxed);
-    const unsigned bit = measured_bit(bytes);
-    if (bit >= 32 || (word >> bit & 1u) == 0) return -1;
+  template <class Word>
+  static int measured(const std::atomic<Word>& w, std::size_t bytes) noexcept {
+    constexpr unsigned bits = 8 * sizeof(Word);
+    const Word word = w.load(std::memory_order_relaxed);
+    const unsigned bit = measured_bit(bytes, bits);
+    if (bit >= bits || (word >> bit & 1u) == 0) return -1;
     return static_cast<int>(word >> (bit + 1) & 1u);
   }
   // Only this rank writes the words of its in FIFOs (it is their consumer).
-  static void measure(std::atomic<std::uint32_t>& w, std::size_t bytes, bool won) noexcept {
-    const unsigned bit = measured_bit(bytes);
-    if (bit >= 32) return;
-    std::uint32_t word = w.load(std::memory_order_relaxed);
-    word = (word & ~(3u << bit)) | 1u << bit | (won ? 2u << bit : 0u);
+  template <class Word>
+  static void measure(std::atomic<Word>& w, std::size_t bytes, bool won) noexcept {
+    constexpr unsigned bits = 8 * sizeof(Word);
+    const unsigned bit = measured_bit(bytes, bits);
+    if (bit >= bits) return;
+    Word word = w.load(std::memory_order_relaxed);
+    word = (word & ~(Word{3} << bit)) | Word{1} << bit | (won ? Word{2} << bit : Word{0});
     w.store(word, std::memory_order_relaxed);
   }
 

@@ -85,8 +85,9 @@ struct alignas(false_sharing_span) fifo_control {
   // of two of slot bytes, whether it read slots filled with non-temporal stores faster
   // than plain ones. Beside the producer's tail, which the producer reads it with.
   std::atomic<std::uint32_t> streamed_faster{0};
-  // The same for a slot lent by reference against one filled (measured_lending).
-  std::atomic<std::uint32_t> lend_faster{0};
+  // The same for a slot lent by reference against one filled (measured_lending), per
+  // power of two of a broadcast's bytes (of several slices, up to 4 TiB).
+  std::atomic<std::uint64_t> lend_faster{0};
   alignas(false_sharing_span) std::atomic<std::uint64_t> head{0};  // slots released: written by the consumer
   // Set by the consumer at connect, before the "shm-mapped" barrier, when it can copy
   // straight from the producer's memory (shm_single_copy.hpp): the producer may then
