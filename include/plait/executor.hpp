@@ -273,7 +273,10 @@ class executor {
         if (p >= 0 && links_->lending_measured(p, output_bytes(c)) != 1) return false;
       return true;
     }
-    return output_bytes(c) >= lend_from_call_bytes && (gather || oversubscribed_);
+    // With more ranks than cores a broadcast whose output is written past the cache
+    // goes through slots: its readers copy them out of the cache, not the root's
+    // buffer out of memory (comm_config::broadcast_stream_from).
+    return output_bytes(c) >= lend_from_call_bytes && (gather || (oversubscribed_ && !streams(c)));
   }
 
   // Whether what lending_pays lends may be on any pages (link_set::lend_any_memory),

@@ -243,11 +243,10 @@ TEST_CASE("config_from_env reads the pipeline and polling knobs and rejects out-
   {
     using plait::detail::comm_config;
     constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
-    CHECK(comm_config::broadcast_stream_from(32u << 20, false, false) == (16u << 20) + 1);
-    CHECK(comm_config::broadcast_stream_from(480u << 20, false, false) == (240u << 20) + 1);
-    CHECK(comm_config::broadcast_stream_from(32u << 20, true, false) == never);  // more ranks than cores
-    CHECK(comm_config::broadcast_stream_from(32u << 20, false, true) == never);  // a network transport
-    CHECK(comm_config::broadcast_stream_from(0, false, false) == never);         // the cache's size unknown
+    CHECK(comm_config::broadcast_stream_from(32u << 20, false) == (16u << 20) + 1);
+    CHECK(comm_config::broadcast_stream_from(480u << 20, false) == (240u << 20) + 1);
+    CHECK(comm_config::broadcast_stream_from(32u << 20, true) == never);  // a network transport
+    CHECK(comm_config::broadcast_stream_from(0, false) == never);         // the cache's size unknown
   }
   CHECK_FALSE(defaults.host_congestion);                                    // resolved by communicator::create
   CHECK(plait::detail::comm_config::host_congestion_for(1) == "reno");      // a core per rank: unpaced reno

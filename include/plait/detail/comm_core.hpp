@@ -184,14 +184,16 @@ struct comm_config {
   // with stream_from_bytes by PLAIT_STREAM_BYTES.
   std::size_t broadcast_stream_from_bytes = 0;
   // A broadcast's output larger than half the last-level cache does not stay there
-  // with the root's buffer beside it: from there on, with a core per rank on one host,
-  // it is written past the cache (2 ranks, shm, 32 MiB L3: 16M 676 against 773 us per
-  // call, 24M 1495 against 1295, 64M 4077 against 3522, 128M 8223 against 7355;
-  // docs/performance.md, "A broadcast's output past the cache, beyond half the
-  // last-level cache"). Never with more ranks than cores or over a network (not
-  // measured), or where the cache's size is unknown.
-  static std::size_t broadcast_stream_from(std::size_t llc_bytes, bool oversubscribed, bool network) noexcept {
-    if (llc_bytes == 0 || oversubscribed || network) return std::numeric_limits<std::size_t>::max();
+  // with the root's buffer beside it: from there on it is written past the cache (2
+  // ranks, shm, 32 MiB L3: 16M 676 against 773 us per call, 24M 1495 against 1295,
+  // 64M 4077 against 3522, 128M 8223 against 7355; docs/performance.md, "A
+  // broadcast's output past the cache, beyond half the last-level cache"), and with
+  // more ranks than cores such a broadcast goes through slots instead of lending
+  // (executor::lending_pays; 4 ranks: 32M 4.5-4.8 against 4.9-5.7 ms, 128M 18.2-19.1
+  // against 19.5-20.3). Never over a network (not measured), or where the cache's size
+  // is unknown.
+  static std::size_t broadcast_stream_from(std::size_t llc_bytes, bool network) noexcept {
+    if (llc_bytes == 0 || network) return std::numeric_limits<std::size_t>::max();
     return llc_bytes / 2 + 1;
   }
   // The transport's messages are costly (transport_traits::network): `automatic`
@@ -270,8 +272,7 @@ class comm_core {
     // Oversubscribed (more ranks than cores on this host is likely): poll less.
     oversubscribed_ = more_ranks_than_cores(size);
     if (cfg_.broadcast_stream_from_bytes == 0)
-      cfg_.broadcast_stream_from_bytes =
-          comm_config::broadcast_stream_from(last_level_cache_bytes(), oversubscribed_, cfg_.network);
+      cfg_.broadcast_stream_from_bytes = comm_config::broadcast_stream_from(last_level_cache_bytes(), cfg_.network);
     if (cfg_.poll.count() >= 0)
       bell_.set_spin(cfg_.poll);
     else if (oversubscribed_)
