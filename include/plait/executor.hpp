@@ -75,7 +75,9 @@ struct call {
   // the call for one of its choices from when it entered the engine (deadline - timeout).
   lend_plan lend = lend_plan::rule;
   // A broadcast's choice between slots written past the cache and plain ones
-  // (stream_choice; rule: streams_slots and what the readers measured decide).
+  // (stream_choice; rule: streams_slots and what the readers measured decide); an
+  // all_reduce's or a reduce_scatter's (comm_core's reduction stream choices; rule:
+  // plain).
   stream_plan stream = stream_plan::rule;
   bool timed = false;
   // Sends whose payload the transport still reads from this call's buffers
@@ -187,6 +189,10 @@ class executor {
   // host type: 16K 2.3 -> 1.7 us, 256K 13.9 -> 9.5, 1M 61 -> 50; from 2 MiB (two
   // slices) lending was slower, 4M 293 -> 418 ("broadcast lends or not, by timing both").
   static constexpr std::size_t lend_broadcast_from_bytes = 16 * 1024;
+  // An all_reduce or a reduce_scatter with a core per rank may write its slots past
+  // the cache from this size (the call's count of elements), where its timing finds
+  // that faster (streams_reduction_slots).
+  static constexpr std::size_t stream_reduction_from_bytes = 16 * 1024;
   // all_gather calls with lend_from_call_bytes up to this much output go in the slices
   // of plain copies (comm_config::copy_slice_bytes, 1 MiB on shm) rather than the
   // reductions' (256K), and where they lend from any memory their own block is copied
@@ -333,15 +339,36 @@ class executor {
   }
   static constexpr std::size_t gather_streams_slots_from = 64 * 1024;
 
+  // Whether an all_reduce's or a reduce_scatter's step writes its slots past the cache:
+  // where its plan says so (call::stream, timed by comm_core's reduction stream
+  // choices) and the transport lets every peer it sends to read such slots. A step
+  // that copies one source does so with non-temporal stores; one that reduces into the
+  // output writes the output, then copies it into the slots so (run_kernel); one that
+  // reduces into slots alone (a ring of 3 ranks or more, before the last) keeps plain
+  // stores. While two cores trade dirty lines slowly (2 ranks, shm, the 32 MiB L3 host
+  // type, in windows of seconds to minutes), plain slots made a 2-rank all_reduce of
+  // 1 MiB take 810 us against 104-110 streamed, 16 MiB 13.2 ms against 2.1-2.2; outside
+  // them plain slots are the faster, 57 against 139 us and 2.0 against 3.7 ms
+  // (docs/performance.md, "Reductions' slots past the cache, by timing both").
+  bool streams_reduction_slots(const call& c, const step& s) const noexcept {
+    if (c.stream != stream_plan::stream ||
+        (c.desc.kind != collective_kind::all_reduce && c.desc.kind != collective_kind::reduce_scatter))
+      return false;
+    for (int p : s.send_peer)
+      if (p >= 0 && !links_->can_stream_slots(p)) return false;
+    return true;
+  }
+
   // Runs the kernel of a ready step; `out`, where the step writes the output, is the
   // last of `dsts`. A step that only copies one source writes the output of a call
   // that streams() with non-temporal stores, and its slots through the kernel with
   // plain ones (the peer reads them soon, from cache), except the first `streamed`
-  // of `dsts`: slots try_step found better written past the cache.
+  // of `dsts`: slots try_step found better written past the cache. A reduction step
+  // with such slots writes the output first and copies the slots from it.
   void run_kernel(call& c, const step& s, const void* const* srcs, int ns, void* const* dsts, int nd,
                   const std::byte* out, int streamed) {
+    const std::size_t bytes = s.count * c.elem_size;
     if (streamed > 0 && ns == 1 && !s.finalize) {
-      const std::size_t bytes = s.count * c.elem_size;
       for (int i = 0; i < streamed; ++i) kernel::copy_bytes_streaming(dsts[i], srcs[0], bytes);
       if (out == nullptr || out == srcs[0]) return;
       if (streams(c))
@@ -350,9 +377,14 @@ class executor {
         c.kernel(c.op, srcs, ns, dsts + streamed, nd - streamed, s.count, 0);
       return;
     }
+    if (streamed > 0 && out != nullptr) {
+      c.kernel(c.op, srcs, ns, dsts + streamed, nd - streamed, s.count, s.finalize ? c.finalize_n : 0);
+      for (int i = 0; i < streamed; ++i) kernel::copy_bytes_streaming(dsts[i], out, bytes);
+      return;
+    }
     if (ns == 1 && !s.finalize && out != nullptr && out != srcs[0] && streams(c)) {
       if (nd > 1) c.kernel(c.op, srcs, ns, dsts, nd - 1, s.count, 0);
-      kernel::copy_bytes_streaming(dsts[nd - 1], srcs[0], s.count * c.elem_size);
+      kernel::copy_bytes_streaming(dsts[nd - 1], srcs[0], bytes);
       return;
     }
     c.kernel(c.op, srcs, ns, dsts, nd, s.count, s.finalize ? c.finalize_n : 0);
@@ -501,12 +533,15 @@ class executor {
     int streamed = 0;
     if (from == nullptr && staged == 0) {
       for (int i = 0; i < nslots; ++i) dsts[nd++] = slots[i];
-      if (nslots > 0 && streams_slots(c, bytes) && !s.finalize && nr + (local != nullptr ? 1 : 0) == 1) {
+      const bool one_source = nr + (local != nullptr ? 1 : 0) == 1;
+      if (nslots > 0 && streams_slots(c, bytes) && !s.finalize && one_source) {
         streamed = nslots;
         for (int p : s.send_peer)
           if (p >= 0 && (!links_->streams_slots(p, bytes) ||
                          (c.stream == stream_plan::rule && links_->streamed_slots_measured(p, bytes) == 0)))
             streamed = 0;
+      } else if (nslots > 0 && ((one_source && !s.finalize) || out != nullptr) && streams_reduction_slots(c, s)) {
+        streamed = nslots;
       }
     }
     // A send from the local source goes before the kernel runs (it does not write

@@ -193,6 +193,15 @@ class link_set {
     return false;
   }
 
+  // Whether slots to `peer` may be written with non-temporal stores at all, whatever
+  // their size (the peer's core reads them from this process's shared memory), so
+  // that a caller may time both ways (comm_core's reduction stream choices). The
+  // default: no.
+  virtual bool can_stream_slots(int peer) const {
+    (void)peer;
+    return false;
+  }
+
   // Which of the two `peer` read faster, as it measured and passed on with
   // measured_streamed_slots() for slots of about `bytes` (the same power of two):
   // 1 streamed, 0 plain, -1 not measured (then streams_slots() alone decides).

@@ -212,3 +212,79 @@ TEST_CASE("2-rank broadcast of several slices over shm is exact through lending,
       },
       opt);
 }
+
+// all_reduce and reduce_scatter with a core per rank, from 16 KiB: each size's first 3
+// calls write plain slots, the next 3 write them past the cache (reduction_stream_choice),
+// then the faster of the two. 12 calls of each size, each with inputs of its own (so a
+// slot left from the call before is caught), rotating through the algorithms, in place
+// and out of place, with odd tails; avg divides the last reduction before it is copied
+// into the slot. Every call exact.
+TEST_CASE("2-rank all_reduce and reduce_scatter over shm are exact with their slots written past the cache or not",
+          "[collectives][shm]") {
+  rank_options opt;
+  opt.slice_bytes = "256K";
+  opt.copy_slice_bytes = "";
+  check_cases<shm>(
+      2,
+      [] {
+        case_list<shm> cs;
+        for (std::size_t count : {std::size_t{4099}, std::size_t{65537}, (std::size_t{1} << 18) + 3})
+          for (int call = 0; call < 12; ++call) {
+            const std::size_t first = static_cast<std::size_t>(call) * 7;
+            const std::string at = " count=" + std::to_string(count) + " call " + std::to_string(call);
+            cs.push_back(
+                {"all_reduce<sum>" + at,
+                 [count, call, first](plait::communicator<shm>& c) {
+                   auto buf = exact_pattern<float, plait::sum>(c.rank(), count, first);
+                   std::vector<float> out(count, -1.0f);
+                   switch (call % 4) {
+                     case 0:
+                       plait::all_reduce<plait::ring>(c, std::span<const float>(buf), std::span<float>(out),
+                                                      plait::sum{});
+                       break;
+                     case 1:
+                       plait::all_reduce<plait::direct>(c, std::span<const float>(buf), std::span<float>(out),
+                                                        plait::sum{});
+                       break;
+                     case 2:
+                       plait::all_reduce<plait::tree>(c, std::span<float>(buf), plait::sum{}), out = buf;
+                       break;
+                     default:
+                       plait::all_reduce(c, std::span<float>(buf), plait::sum{}), out = buf;
+                       break;
+                   }
+                   return to_blob(out);
+                 },
+                 [count, first](int) { return to_blob(reference_all_reduce<float, plait::sum>(2, count, {}, first)); },
+                 &diff_as<float>});
+            cs.push_back(
+                {"all_reduce<avg> ring" + at,
+                 [count, first](plait::communicator<shm>& c) {
+                   auto buf = exact_pattern<float, plait::avg>(c.rank(), count, first);
+                   plait::all_reduce<plait::ring>(c, std::span<float>(buf), plait::avg{});
+                   return to_blob(buf);
+                 },
+                 [count, first](int) { return to_blob(reference_all_reduce<float, plait::avg>(2, count, {}, first)); },
+                 &diff_as<float>});
+            cs.push_back({"reduce_scatter<sum>" + at,
+                          [count, call, first](plait::communicator<shm>& c) {
+                            const auto full = exact_pattern<float, plait::sum>(c.rank(), 2 * count, first);
+                            std::vector<float> shard(count, -1.0f);
+                            if (call % 2 == 0)
+                              plait::reduce_scatter<plait::ring>(c, std::span<const float>(full),
+                                                                 std::span<float>(shard), plait::sum{});
+                            else
+                              plait::reduce_scatter(c, std::span<const float>(full), std::span<float>(shard),
+                                                    plait::sum{});
+                            return to_blob(shard);
+                          },
+                          [count, first](int r) {
+                            return to_blob(reference_all_reduce<float, plait::sum>(
+                                2, count, {}, first + static_cast<std::size_t>(r) * count));
+                          },
+                          &diff_as<float>});
+          }
+        return cs;
+      },
+      opt);
+}

@@ -421,3 +421,50 @@ TEST_CASE("a lending choice times a settled size again after retime_every calls"
     CHECK_FALSE(timed);
   }
 }
+
+// reduction_stream_choice (comm_core: all_reduce and reduce_scatter with a core per
+// rank): plain slots first, then streamed ones, one untimed call opening each block;
+// streamed slots are kept only at 0.85x the plain ones' best or less, and a settled size
+// is timed again after retime_every calls, so a window in which the cores trade dirty
+// lines slowly turns the plan around, and its end turns it back.
+TEST_CASE("reduction_stream_choice times plain slots first and times a settled size again", "[automatic]") {
+  using plait::detail::reduction_stream_choice;
+  using plait::detail::stream_plan;
+  using ns = std::chrono::nanoseconds;
+  constexpr std::size_t bytes = 1 << 20;
+  const auto timing = [](reduction_stream_choice& rc, ns plain_took, ns stream_took) {
+    bool timed = false, settled = true;
+    REQUIRE(rc.explore_calls() == 6);
+    for (int i = 0; i < rc.explore_calls(); ++i) {
+      CHECK(rc.exploring(bytes));
+      const stream_plan p = rc.next(bytes, timed, settled);
+      CHECK(p == (i < 3 ? stream_plan::plain : stream_plan::stream));
+      CHECK(timed == (i % 3 != 0));
+      CHECK_FALSE(settled);
+      if (timed) rc.record(bytes, p, p == stream_plan::plain ? plain_took : stream_took);
+    }
+    CHECK_FALSE(rc.exploring(bytes));
+    const stream_plan kept = rc.next(bytes, timed, settled);
+    CHECK(settled);
+    CHECK_FALSE(timed);
+    return kept;
+  };
+  reduction_stream_choice rc("all_reduce", 10);
+  // 2 ranks, 1 MiB, the 32 MiB L3 host type: outside a slow window, then inside one.
+  CHECK(timing(rc, ns(57000), ns(139000)) == stream_plan::plain);
+  bool timed = true, settled = true;
+  for (int i = 0; i < 10; ++i) {
+    CHECK(rc.next(bytes, timed, settled) == stream_plan::plain);
+    CHECK_FALSE(timed);
+    rc.record(bytes, stream_plan::stream, ns(1));  // settled: ignored
+  }
+  CHECK(timing(rc, ns(810000), ns(104000)) == stream_plan::stream);
+  for (int i = 0; i < 10; ++i) CHECK(rc.next(bytes, timed, settled) == stream_plan::stream);
+  CHECK(timing(rc, ns(60000), ns(130000)) == stream_plan::plain);
+  for (int i = 0; i < 10; ++i) rc.next(bytes, timed, settled);
+  // A near tie (0.9x) stays on plain slots.
+  CHECK(timing(rc, ns(100000), ns(90000)) == stream_plan::plain);
+  // Sizes are apart: another size starts its own timing.
+  CHECK(rc.exploring(bytes << 1));
+  CHECK(rc.decided(bytes << 1) == stream_plan::rule);
+}

@@ -265,6 +265,8 @@ class comm_core {
         cfg_(cfg),
         lend_choice_(slots_warmup_calls(cfg), retime_lending_every),
         broadcast_lend_choice_(slots_warmup_calls(cfg), retime_lending_every),
+        all_reduce_stream_choice_("all_reduce", retime_streaming_every),
+        reduce_scatter_stream_choice_("reduce_scatter", retime_streaming_every),
         p2p_sent_(static_cast<std::size_t>(size), 0),
         p2p_received_(static_cast<std::size_t>(size), 0),
         last_seen_(2 * static_cast<std::size_t>(size), 0) {
@@ -504,6 +506,8 @@ class comm_core {
     c.deadline = now + c.timeout;
     if (times_lending(c)) {
       c.lend = lend_choice_.next(gather_bytes(c), c.timed);
+    } else if (times_reduction_streaming(c)) {
+      c.stream = stream_choice_for(c).next(call_bytes(c), c.timed);
     } else {
       // A broadcast times its slots' fill first (stream_choice), then lending against
       // those slots (broadcast_lend_choice).
@@ -657,6 +661,8 @@ class comm_core {
         const auto took = clock::now() - (c.deadline - c.timeout);
         if (c.desc.kind == collective_kind::all_gather)
           lend_choice_.record(gather_bytes(c), c.lend, took);
+        else if (c.desc.kind == collective_kind::all_reduce || c.desc.kind == collective_kind::reduce_scatter)
+          stream_choice_for(c).record(call_bytes(c), c.stream, took);
         else if (c.desc.root != rank_)  // a broadcast: the readers' times are what counts
           record_broadcast(c, took);
       }
@@ -676,6 +682,11 @@ class comm_core {
   // (docs/performance.md, "A settled size is timed again"). 11 calls of 1000 explore.
   // stream_choice is timed once: both its plans go through slots.
   static constexpr int retime_lending_every = 1000;
+  // The same for a reduction's choice between slots written past the cache and plain
+  // ones: that window turns the choice around (2 ranks, 1 MiB all_reduce: plain 57 us
+  // and streamed 139 outside it, 810 and 104-110 inside). 6 calls of 1000 explore, 3 of
+  // them under the plan not kept.
+  static constexpr int retime_streaming_every = 1000;
   // The untimed calls that open a timed block through slots after one that lent: one
   // per slot of the FIFO, so that every slot has been written once before a call is
   // timed (the first write to a slot finds it out of the cache: 2 ranks, shm, a 1 MiB
@@ -729,6 +740,21 @@ class comm_core {
       return false;
     const std::size_t bytes = call_bytes(c);
     return bytes <= cfg_.slice_for(collective_kind::broadcast) && links_->streams_slots((rank_ + 1) % size_, bytes);
+  }
+  // An all_reduce or a reduce_scatter with a core per rank, from
+  // executor::stream_reduction_from_bytes, whose transport lets a peer read slots
+  // written past the cache: its size's choice times slots written so against plain
+  // ones, every rank its own calls, and each rank then writes its own slots as it found
+  // faster (executor::streams_reduction_slots; docs/performance.md, "Reductions' slots
+  // past the cache, by timing both").
+  bool times_reduction_streaming(const call& c) const noexcept {
+    if ((c.desc.kind != collective_kind::all_reduce && c.desc.kind != collective_kind::reduce_scatter) ||
+        oversubscribed_ || links_ == nullptr || size_ < 2 || cfg_.network)
+      return false;
+    return call_bytes(c) >= executor::stream_reduction_from_bytes && links_->can_stream_slots((rank_ + 1) % size_);
+  }
+  reduction_stream_choice& stream_choice_for(const call& c) noexcept {
+    return c.desc.kind == collective_kind::all_reduce ? all_reduce_stream_choice_ : reduce_scatter_stream_choice_;
   }
   std::size_t call_bytes(const call& c) const noexcept { return static_cast<std::size_t>(c.desc.count) * c.elem_size; }
   std::size_t gather_bytes(const call& c) const noexcept {
@@ -824,7 +850,9 @@ class comm_core {
   lend_choice lend_choice_;                      // all_gather: lend or slots, per output size (times_lending)
   stream_choice stream_choice_;                  // broadcast: slots streamed or plain, per size (times_streaming)
   broadcast_lend_choice broadcast_lend_choice_;  // broadcast: lend or slots, per size (times_broadcast_lending)
-  huge_backing huge_;                            // the caller's buffers on huge pages (back_by_huge_pages)
+  // all_reduce, reduce_scatter: slots streamed or plain, per size (times_reduction_streaming)
+  reduction_stream_choice all_reduce_stream_choice_, reduce_scatter_stream_choice_;
+  huge_backing huge_;  // the caller's buffers on huge pages (back_by_huge_pages)
   doorbell bell_;
   std::unique_ptr<link_set> links_;
   std::unique_ptr<bootstrap_context> ctx_;

@@ -18,7 +18,7 @@
 // Exploring calls are matched across ranks (the n-th call of a size is the same call
 // everywhere), so every rank runs the same plan at the same call.
 //
-// Three choices use it (comm_core):
+// Four choices use it (comm_core):
 // - lend_choice: whether an all_gather lends its block (the peer copies it from this
 //   rank's memory, CMA on shm) or sends it through slots (comm_core::times_lending: a
 //   core per rank, 32 KiB up to the 8 MiB where the copy slices' rule takes over).
@@ -53,6 +53,17 @@
 //   or not, by timing both"). Timed and passed on as stream_choice is
 //   (link_set::measured_lending), with a smaller margin: only the reader decides, so
 //   no two ranks can mix plans.
+//
+// - reduction_stream_choice: whether an all_reduce's or a reduce_scatter's slots are
+//   written with non-temporal stores or plain ones (comm_core::
+//   times_reduction_streaming: a core per rank, where the transport lets a peer read
+//   such slots; one choice per collective). Plain slots first. Both ranks write slots
+//   and wait for each other's, so every rank times its own calls and decides for its
+//   own writes, as lend_choice does. While the two cores trade dirty lines slowly
+//   (2 ranks, shm, the 32 MiB L3 host type, in windows of seconds to minutes) a 1 MiB
+//   all_reduce took 810 us with plain slots and 104-110 streamed; outside such a
+//   window 57 and 139 (docs/performance.md, "Reductions' slots past the cache, by
+//   timing both"). Timed again every comm_core::retime_streaming_every calls.
 //
 // PLAIT_DEBUG=info logs each size's choice with the best times, and a later timing's
 // where it changes the plan (trace: every timing).
@@ -229,6 +240,15 @@ class lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::s
 class stream_choice : public timed_choice<stream_plan, stream_plan::stream, stream_plan::plain> {
  public:
   stream_choice() noexcept : timed_choice({"broadcast", "slots streamed", "plain slots"}) {}
+};
+
+// all_reduce, reduce_scatter: plain slots or slots written past the cache (rule:
+// plain). `what` names the collective in the log.
+class reduction_stream_choice : public timed_choice<stream_plan, stream_plan::plain, stream_plan::stream> {
+ public:
+  reduction_stream_choice(const char* what, int retime_every) noexcept
+      : timed_choice({what, "plain slots", "slots streamed"}, default_margin, default_warmup, default_timed,
+                     retime_every) {}
 };
 
 // broadcast: the root's buffer lent or slots (rule: slots, where the readers have not

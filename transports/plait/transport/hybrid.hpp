@@ -43,6 +43,7 @@ class links final : public link_set {
     if (remote_) remote_->lend_any_memory(on);
   }
   // Staging is the local set's: a payload shared with a peer across hosts goes through slots.
+  bool can_stream_slots(int peer) const override { return at(peer)->can_stream_slots(peer); }
   bool shares_copies(int peer) const override {
     return local_ && at(peer) == local_.get() && local_->shares_copies(peer);
   }

@@ -185,6 +185,10 @@ class shm_link_set final : public link_set {
     (void)link_for(peer, "streams_slots");
     return bytes >= stream_slots_from && bytes < stream_slots_below;
   }
+  bool can_stream_slots(int peer) const override {
+    (void)link_for(peer, "can_stream_slots");
+    return true;
+  }
   // The reader's measurement (link_set): two bits per power of two of slot bytes in
   // fifo_control::streamed_faster, measured and which one won.
   int streamed_slots_measured(int peer, std::size_t bytes) const override {
