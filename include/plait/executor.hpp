@@ -190,8 +190,12 @@ class executor {
   // slices) lending was slower, 4M 293 -> 418 ("broadcast lends or not, by timing both").
   static constexpr std::size_t lend_broadcast_from_bytes = 16 * 1024;
   // An all_reduce or a reduce_scatter with a core per rank may write its slots past
-  // the cache from this size (the call's count of elements), where its timing finds
-  // that faster (streams_reduction_slots).
+  // the cache from this many bytes of its count (an all_reduce's vector, a
+  // reduce_scatter's shard), where its timing finds that faster
+  // (streams_reduction_slots). Below it calls are too short to time apart: timed from
+  // 1 KiB, outside the slow windows 4 of 16 runs kept streamed slots at 4K-16K where
+  // plain ones were up to 1.4x faster (docs/performance.md, "Reductions' slots past the
+  // cache, by timing both").
   static constexpr std::size_t stream_reduction_from_bytes = 16 * 1024;
   // all_gather calls with lend_from_call_bytes up to this much output go in the slices
   // of plain copies (comm_config::copy_slice_bytes, 1 MiB on shm) rather than the
