@@ -155,13 +155,22 @@ struct bench_run {
     return (mine.empty() ? std::string("the system's") : mine) + " (system: " + bench::system_congestion() + ")";
   }
 
-  // The broadcast chain, where the ranks are grouped by CPU (comm_config::chain).
+  // The broadcast chain (comm_config::chain) and the ring's cycle for its reductions
+  // (comm_config::cpu_ring), where the ranks are grouped by CPU.
   std::string chain() const {
-    const auto& c = comm.core().config().chain;
-    if (c.empty()) return {};
-    std::string s = ", broadcast chain";
-    for (std::size_t i = 0; i < c.size(); ++i) s += (i == 0 ? " " : "-") + std::to_string(c[i]);
-    return s + " (ranks grouped by CPU)";
+    const auto& cfg = comm.core().config();
+    auto listed = [](const std::vector<int>& c, const std::string& what) {
+      if (c.empty()) return std::string();
+      std::string s = ", " + what;
+      for (std::size_t i = 0; i < c.size(); ++i) s += (i == 0 ? " " : "-") + std::to_string(c[i]);
+      return s + " (ranks grouped by CPU)";
+    };
+    constexpr auto below = [](std::size_t b) { return std::to_string(b >> 10) + " KiB"; };
+    using cc = plait::detail::comm_config;
+    return listed(cfg.chain, "broadcast chain") +
+           listed(cfg.cpu_ring, "ring all_reduce below " + below(cc::ring_cpus_all_reduce_below_bytes) +
+                                    " and reduce_scatter below " + below(cc::ring_cpus_reduce_scatter_below_bytes) +
+                                    " round");
   }
 
   void run() {

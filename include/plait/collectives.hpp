@@ -117,6 +117,9 @@ struct call_builder {
     p.count = count;
     p.slice_elems = slice_elems();
     p.chain = core.config().chain;
+    const std::size_t bytes =
+        count * sizeof(T) * (c->desc.kind == collective_kind::reduce_scatter ? static_cast<std::size_t>(p.size) : 1);
+    if (core.config().ring_follows_cpus(c->desc.kind, bytes)) p.cycle = core.config().cpu_ring;
     return p;
   }
 

@@ -166,6 +166,17 @@ class communicator {
         cfg.shared_cpus = false;
       }
     }
+    if (!Transport::traits.network && size > 1 && cfg.cpu_ring.empty()) {
+      // The same placement record; over a memory transport only its chain is kept,
+      // for the ring's reductions (comm_config::ring_follows_cpus), and a chain the
+      // caller gave stays as it was.
+      std::vector<int> given = std::move(cfg.chain);
+      agree_on_placement(*ctx, cfg, deadline);
+      cfg.cpu_ring = std::move(cfg.chain);
+      cfg.chain = std::move(given);
+      cfg.one_host = false;
+      cfg.shared_cpus = false;
+    }
     cfg.shares_copies = Transport::traits.shares_copies && !cfg.network;
     resolve_slices(cfg, size, cfg.network && cfg.one_host);
     resolve_depth(cfg, cfg.network && cfg.one_host);

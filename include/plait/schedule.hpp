@@ -132,6 +132,10 @@ struct schedule_params {
   // share a CPU are better next to each other (comm_config::chain); ring::broadcast
   // follows it.
   std::span<const int> chain{};
+  // Every rank once, the cycle a ring's reductions take, or empty: rank order. The
+  // communicator sets it where a ring of ranks grouped by CPU is faster
+  // (comm_config::ring_follows_cpus); ring's all_reduce and reduce_scatter follow it.
+  std::span<const int> cycle{};
 };
 
 // Where `rank` stands in p.chain (its rank, when the chain is empty: rank order).
@@ -140,6 +144,16 @@ inline int chain_index(const schedule_params& p, int rank) noexcept {
   int i = 0;
   while (p.chain[static_cast<std::size_t>(i)] != rank) ++i;
   return i;
+}
+// Where `rank` stands on p.cycle, and the rank at place `i` (rank order, where empty).
+inline int cycle_index(const schedule_params& p, int rank) noexcept {
+  if (p.cycle.empty()) return rank;
+  int i = 0;
+  while (p.cycle[static_cast<std::size_t>(i)] != rank) ++i;
+  return i;
+}
+inline int cycle_at(const schedule_params& p, int i) noexcept {
+  return p.cycle.empty() ? i : p.cycle[static_cast<std::size_t>(i)];
 }
 // The place of `rank` after the root along p.chain, and the rank at place `pos`.
 inline int chain_pos(const schedule_params& p, int rank) noexcept {

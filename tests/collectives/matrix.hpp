@@ -3,6 +3,8 @@
 // of a rank's results is compared with case k's reference for that rank.
 #pragma once
 
+#include <sched.h>
+
 #include <functional>
 #include <memory>
 #include <span>
@@ -317,6 +319,36 @@ std::vector<int> agreed_hosts(std::function<std::string(int)> host_id) {
     REQUIRE(r.exit_status == 0);
     auto v = from_blob<int>(r.blobs.at(0));
     got.insert(got.end(), v.begin(), v.end());
+  }
+  return got;
+}
+
+// How many CPUs this test may use (its affinity).
+inline int cpus_this_test_may_use() {
+  cpu_set_t allowed;
+  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  return CPU_COUNT(&allowed);
+}
+
+// Binds rank r to the (r mod 2)-th of the first two CPUs this test may use (its one
+// CPU, where it may use only one), as plaitrun binds more ranks than CPUs: for
+// rank_options::cpu.
+inline std::function<int(int)> round_robin_on_two_cpus() {
+  cpu_set_t allowed;
+  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  return [cpus](int r) { return cpus[static_cast<std::size_t>(r) % cpus.size()]; };
+}
+
+// Each rank's first blob, as integers, once every rank has exited cleanly.
+inline std::vector<std::vector<int>> first_blobs_as_ints(const std::vector<rank_result>& results) {
+  std::vector<std::vector<int>> got;
+  for (const auto& r : results) {
+    INFO(r.error);
+    REQUIRE(r.exit_status == 0);
+    got.push_back(from_blob<int>(r.blobs.at(0)));
   }
   return got;
 }

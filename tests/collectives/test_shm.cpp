@@ -288,3 +288,69 @@ TEST_CASE("2-rank all_reduce and reduce_scatter over shm are exact with their sl
       },
       opt);
 }
+
+namespace {
+
+// 4 ranks over shm, bound (where `bound`) round robin to the first one or two CPUs
+// this test may use, as plaitrun binds them: per rank, the cycle its ring's
+// reductions agreed on (comm_config::cpu_ring), the broadcast chain (empty over
+// shm), then the number of all_reduce and reduce_scatter calls, by the ring and by
+// `automatic`, below and above the sizes that take the cycle, that went wrong.
+std::vector<std::vector<int>> cycles_over_shm(bool bound, const std::string& chain_env) {
+  rank_options opt;
+  opt.slice_bytes = "";  // the defaults, as a user gets them
+  opt.copy_slice_bytes = "";
+  opt.chain = chain_env;
+  if (bound) opt.cpu = round_robin_on_two_cpus();
+  constexpr int n = 4;
+  auto results = run_ranks<shm>(
+      n,
+      [](plait::communicator<shm>& c) {
+        const auto& cfg = c.core().config();
+        std::vector<int> v = cfg.cpu_ring;
+        v.push_back(static_cast<int>(cfg.chain.size()));
+        int wrong = 0;
+        // 64 KiB (the ring; recursive doubling is below it), 1 MiB + 12 B (the cycle)
+        // and 2 MiB + 12 B (rank order) of all_reduce.
+        for (const std::size_t count : {std::size_t{16384}, std::size_t{262147}, std::size_t{524291}}) {
+          const auto want = reference_all_reduce<float, plait::sum>(c.size(), count);
+          const auto in = exact_pattern<float>(c.rank(), count);
+          std::vector<float> ring(count), any(count);
+          plait::all_reduce<plait::ring>(c, std::span<const float>(in), std::span<float>(ring), plait::sum{});
+          plait::all_reduce(c, std::span<const float>(in), std::span<float>(any), plait::sum{});
+          wrong += (ring != want) + (any != want);
+        }
+        // reduce_scatter of 256 KiB + 48 B (the cycle) and 512 KiB + 48 B (rank order).
+        for (const std::size_t shard : {std::size_t{16387}, std::size_t{32771}}) {
+          const auto in = exact_pattern<float>(c.rank(), shard * static_cast<std::size_t>(c.size()));
+          std::vector<float> want(shard, 0.0f), ring(shard), any(shard);
+          for (int q = 0; q < c.size(); ++q) {
+            const auto theirs = exact_pattern<float>(q, shard * static_cast<std::size_t>(c.size()));
+            for (std::size_t i = 0; i < shard; ++i) want[i] += theirs[static_cast<std::size_t>(c.rank()) * shard + i];
+          }
+          plait::reduce_scatter<plait::ring>(c, std::span<const float>(in), std::span<float>(ring), plait::sum{});
+          plait::reduce_scatter(c, std::span<const float>(in), std::span<float>(any), plait::sum{});
+          wrong += (ring != want) + (any != want);
+        }
+        v.push_back(wrong);
+        return std::vector<blob>{to_blob(v)};
+      },
+      opt);
+  return first_blobs_as_ints(results);
+}
+
+}  // namespace
+
+TEST_CASE("over shm the ring's reductions go round the ranks grouped by CPU where they share CPUs",
+          "[collectives][shm][chain]") {
+  using v = std::vector<int>;
+  const bool two_cpus = cpus_this_test_may_use() >= 2;
+  // Bound round robin to two CPUs: the cycle 0-2-1-3, then an empty broadcast chain
+  // and no wrong result. On one CPU all four share it and the cycle is rank order.
+  const v grouped = two_cpus ? v{0, 2, 1, 3, 0, 0} : v{0, 1, 2, 3, 0, 0};
+  CHECK(cycles_over_shm(true, "") == std::vector<v>(4, grouped));
+  // None where asked for rank order, or where the ranks are not bound (unless this
+  // test itself is, to one CPU).
+  CHECK(cycles_over_shm(true, "ranks") == std::vector<v>(4, v{0, 0}));
+  CHECK(cycles_over_shm(false, "") == std::vector<v>(4, two_cpus ? v{0, 0} : grouped));
+}

@@ -71,15 +71,10 @@ namespace {
 // and by `automatic`, whose data did not arrive whole.
 std::vector<std::vector<int>> chains_over_tcp(bool bound, const std::string& chain_env,
                                               std::function<std::string(int)> host_id = {}) {
-  cpu_set_t allowed;
-  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
-    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
   rank_options opt;
   opt.chain = chain_env;
   opt.host_id = std::move(host_id);
-  if (bound) opt.cpu = [cpus](int r) { return cpus[static_cast<std::size_t>(r) % cpus.size()]; };
+  if (bound) opt.cpu = round_robin_on_two_cpus();
   constexpr int n = 3;
   auto results = run_ranks<tcp>(
       n,
@@ -99,13 +94,7 @@ std::vector<std::vector<int>> chains_over_tcp(bool bound, const std::string& cha
         return std::vector<blob>{to_blob(v)};
       },
       opt);
-  std::vector<std::vector<int>> got;
-  for (const auto& r : results) {
-    INFO(r.error);
-    REQUIRE(r.exit_status == 0);
-    got.push_back(from_blob<int>(r.blobs.at(0)));
-  }
-  return got;
+  return first_blobs_as_ints(results);
 }
 
 }  // namespace
@@ -113,18 +102,17 @@ std::vector<std::vector<int>> chains_over_tcp(bool bound, const std::string& cha
 TEST_CASE("over tcp on one host ranks that share a CPU are next to each other on the broadcast chain",
           "[collectives][tcp][chain]") {
   using v = std::vector<int>;
-  cpu_set_t allowed;
-  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  const bool two_cpus = cpus_this_test_may_use() >= 2;
   // Bound round robin to two CPUs, ranks 0 and 2 share one: the chain is 0-2-1 (each
   // rank's list ends with the count of broadcasts that went wrong: none). On one CPU
   // all three share it and the chain is rank order.
-  const v grouped = CPU_COUNT(&allowed) >= 2 ? v{0, 2, 1, 0} : v{0, 1, 2, 0};
+  const v grouped = two_cpus ? v{0, 2, 1, 0} : v{0, 1, 2, 0};
   CHECK(chains_over_tcp(true, "") == std::vector<v>(3, grouped));
   CHECK(chains_over_tcp(true, "cpus") == std::vector<v>(3, grouped));
   // Rank order where asked, where the ranks are not bound (unless this test itself
   // is, to one CPU), and across hosts.
   CHECK(chains_over_tcp(true, "ranks") == std::vector<v>(3, v{0}));
-  CHECK(chains_over_tcp(false, "") == std::vector<v>(3, CPU_COUNT(&allowed) >= 2 ? v{0} : grouped));
+  CHECK(chains_over_tcp(false, "") == std::vector<v>(3, two_cpus ? v{0} : grouped));
   CHECK(chains_over_tcp(true, "", [](int r) { return r == 1 ? "node-b" : "node-a"; }) == std::vector<v>(3, v{0}));
 }
 

@@ -22,7 +22,7 @@ namespace {
 // Runs body(comm) on n threads; returns the first error message per rank ("" = ok).
 template <class F>
 std::vector<std::string> on_threads(int n, const std::string& job, F body, std::size_t slice = 1024,
-                                    std::vector<int> chain = {}) {
+                                    std::vector<int> chain = {}, std::vector<int> cycle = {}) {
   auto st = std::make_shared<thread_store>();
   st->job = job;
   std::vector<std::string> errors(static_cast<std::size_t>(n));
@@ -34,6 +34,7 @@ std::vector<std::string> on_threads(int n, const std::string& job, F body, std::
         cfg.slice_bytes = slice;
         cfg.timeout = std::chrono::seconds(20);
         cfg.chain = chain;
+        cfg.cpu_ring = cycle;
         auto c = comm_t::create(std::make_unique<thread_bootstrap>(st, r, n), cfg);
         body(c, errors[static_cast<std::size_t>(r)]);
       } catch (const std::exception& e) {
@@ -123,6 +124,85 @@ TEST_CASE("ring::broadcast follows the chain it is given, from every root", "[si
         }
       },
       1024, order);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[static_cast<std::size_t>(r)] == "");
+  }
+}
+
+TEST_CASE("ring's all_reduce and reduce_scatter follow the cycle they are given", "[sim][chain]") {
+  // The schedule: cycle 0-2-1-3, so rank 0 sends to 2 and takes from 3, and the last
+  // step of a reduce_scatter reduces the rank's own block.
+  plait::detail::schedule_params p;
+  p.size = 4;
+  p.count = 16;
+  p.slice_elems = 16;
+  const std::vector<int> cycle = {0, 2, 1, 3};
+  p.cycle = cycle;
+  const int want_prev[4] = {3, 2, 0, 1}, want_next[4] = {2, 3, 1, 0};
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    p.rank = r;
+    const auto ar = plait::ring::all_reduce(p);
+    REQUIRE(ar.size() == 7);  // 2(n-1) steps and the last receive
+    CHECK(ar.front().send_peer[0] == want_next[r]);
+    for (std::size_t i = 1; i < ar.size(); ++i) {
+      CHECK(ar[i].recv_peer[0] == want_prev[r]);
+      if (i + 1 < ar.size()) CHECK(ar[i].send_peer[0] == want_next[r]);
+    }
+    const auto rs = plait::ring::reduce_scatter(p);
+    REQUIRE(rs.size() == 4);
+    CHECK(rs.front().send_peer[0] == want_next[r]);
+    CHECK(rs.back().recv_peer[0] == want_prev[r]);
+    CHECK(rs.back().write_output);
+    CHECK(rs.back().src_offset == static_cast<std::size_t>(r) * p.count);  // its own block
+  }
+  // The data, on the sim transport, with cycles that are not rank order: the even
+  // ranks, then the odd ones (two CPUs, round robin), which the communicator takes
+  // for all_reduce below 2 MiB and reduce_scatter below 512 KiB (comm_config::
+  // ring_follows_cpus), and rank order above.
+  const int n = GENERATE(3, 4, 5, 8);
+  std::vector<int> order;
+  for (int parity : {0, 1})
+    for (int r = parity; r < n; r += 2) order.push_back(r);
+  CAPTURE(n, order);
+  const std::size_t small = 4099,
+                    large = plait::detail::comm_config::ring_cpus_all_reduce_below_bytes / sizeof(float) + 7;
+  const std::size_t shard = 1001;
+  const auto want_small = reference_all_reduce<float, plait::sum>(n, small);
+  const auto want_large = reference_all_reduce<float, plait::sum>(n, large);
+  auto errors = on_threads(
+      n, "cycle-" + std::to_string(n),
+      [&](comm_t& c, std::string& err) {
+        using plait::detail::collective_kind;  // checked here, not with CHECK: Catch2 is not thread-safe
+        const auto& cfg = c.core().config();
+        if (!cfg.ring_follows_cpus(collective_kind::all_reduce, small * sizeof(float)) ||
+            cfg.ring_follows_cpus(collective_kind::all_reduce, large * sizeof(float)) ||
+            !cfg.ring_follows_cpus(collective_kind::reduce_scatter,
+                                   shard * sizeof(float) * static_cast<std::size_t>(n)))
+          err += "rank " + std::to_string(c.rank()) + ": the cycle is not taken where it should be; ";
+        for (const auto* want : {&want_small, &want_large}) {
+          const std::size_t count = want->size();
+          const auto in = exact_pattern<float>(c.rank(), count);
+          std::vector<float> out(count);
+          plait::all_reduce<plait::ring>(c, std::span<const float>(in), std::span<float>(out), plait::sum{});
+          err += compare(*want, out, c.rank(), "all_reduce<ring> of " + std::to_string(count));
+          auto buf = in;
+          plait::all_reduce(c, std::span<float>(buf), plait::sum{});
+          err += compare(*want, buf, c.rank(), "all_reduce<automatic> in place of " + std::to_string(count));
+        }
+        // reduce_scatter: rank r's block is the sum of every rank's block r.
+        const auto in = exact_pattern<float>(c.rank(), shard * static_cast<std::size_t>(n));
+        std::vector<float> got(shard);
+        plait::reduce_scatter<plait::ring>(c, std::span<const float>(in), std::span<float>(got), plait::sum{});
+        std::vector<float> want(shard, 0.0f);
+        for (int q = 0; q < n; ++q) {
+          const auto theirs = exact_pattern<float>(q, shard * static_cast<std::size_t>(n));
+          for (std::size_t i = 0; i < shard; ++i) want[i] += theirs[static_cast<std::size_t>(c.rank()) * shard + i];
+        }
+        err += compare(want, got, c.rank(), "reduce_scatter<ring>");
+      },
+      1024, {}, order);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     CHECK(errors[static_cast<std::size_t>(r)] == "");

@@ -1,8 +1,10 @@
 // plait::ring — the bandwidth-optimal ring (Patarasuk & Yuan; NCCL's and Gloo's ring).
 //
-// Ranks form a cycle r -> r+1. Data is cut into rounds of n chunks of at most one
-// slice each; every round runs the whole ring, so FIFO slots never hold more than
-// one slice per peer per step and rounds pipeline behind each other.
+// Ranks form a cycle r -> r+1 (all_reduce and reduce_scatter: or the one
+// schedule_params::cycle gives, where the communicator groups ranks by CPU). Data is
+// cut into rounds of n chunks of at most one slice each; every round runs the whole
+// ring, so FIFO slots never hold more than one slice per peer per step and rounds
+// pipeline behind each other.
 //
 // all_reduce (reduce-scatter then all-gather), S bytes, n ranks, per rank:
 //   steps 2(n-1) per round; bytes sent 2(n-1)/n * S; busbw factor 2(n-1)/n
@@ -32,9 +34,10 @@ struct ring {
   static detail::schedule all_reduce(const detail::schedule_params& p) {
     using namespace detail;
     schedule out;
-    const int n = p.size, r = p.rank;
+    const int n = p.size;
     if (n == 1) return local_copy(p.count, p.slice_elems);
-    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    const int r = cycle_index(p, p.rank);  // place on the cycle (p.cycle, or rank order)
+    const int next = cycle_at(p, (r + 1) % n), prev = cycle_at(p, (r + n - 1) % n);
     const std::size_t round = p.slice_elems * static_cast<std::size_t>(n);
     for_each_slice(p.count, round, [&](std::size_t base, std::size_t len) {
       const std::size_t chunk = (len + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
@@ -85,11 +88,13 @@ struct ring {
   static detail::schedule reduce_scatter(const detail::schedule_params& p) {
     using namespace detail;
     schedule out;
-    const int n = p.size, r = p.rank;
+    const int n = p.size;
     if (n == 1) return local_copy(p.count, p.slice_elems);
-    const int next = (r + 1) % n, prev = (r + n - 1) % n;
-    // c(s) = (r - s - 1) mod n, so that the last step (s = n-1) reduces this rank's own block.
-    auto block = [&](int s) { return static_cast<std::size_t>(((r - s - 1) % n + n) % n) * p.count; };
+    const int r = cycle_index(p, p.rank);
+    const int next = cycle_at(p, (r + 1) % n), prev = cycle_at(p, (r + n - 1) % n);
+    // The block of the rank (s + 1) places back on the cycle, so that the last step
+    // (s = n-1) reduces this rank's own block.
+    auto block = [&](int s) { return static_cast<std::size_t>(cycle_at(p, ((r - s - 1) % n + n) % n)) * p.count; };
     for_each_slice(p.count, p.slice_elems, [&](std::size_t off, std::size_t len) {
       out.push_back(send(next, region::input, block(0) + off, len));
       for (int s = 1; s <= n - 2; ++s) out.push_back(recv_reduce_send(prev, block(s) + off, next, len));

@@ -213,6 +213,29 @@ struct comm_config {
   // `ranks` keeps rank order (docs/performance.md, "Oversubscribed ranks bound round robin").
   std::vector<int> chain;
   bool chain_by_cpu = true;  // PLAIT_CHAIN: `cpus` (default) or `ranks`
+  // Over a memory transport (not a network one) with every rank bound to one CPU and
+  // some CPU carrying two or more: the ranks grouped by CPU, as `chain` is, for the
+  // ring's reductions (ring_follows_cpus); else empty. Set by communicator::create
+  // from rank 0's view where the caller left it empty; PLAIT_CHAIN `ranks` leaves it
+  // empty.
+  std::vector<int> cpu_ring;
+  // Whether a ring's all_reduce or reduce_scatter of `bytes` (an all_reduce's vector,
+  // a reduce_scatter's whole input) goes round cpu_ring rather than in rank order: on
+  // 2 cores, 4 ranks bound round robin, the ring 0 -> 2 -> 1 -> 3 hands two of its
+  // four hops to a rank on the same CPU, whose cache already holds the slot, where
+  // rank order crosses between the cores at every hop. Measured (docs/performance.md,
+  // "Ranks sharing CPUs: the ring's reductions grouped by CPU"), 4 ranks: all_reduce
+  // 64K 34 against 49-70 us, 256K 71 against 96-102, 1M 160 against 180-233, level at
+  // 2M, behind at 4M; reduce_scatter 128K 30 against 33-41, 256K 40 against 42-46,
+  // behind from 512K. 8 ranks alike (all_reduce 256K 193 against 289 us). Every rank
+  // computes the same from the same call.
+  bool ring_follows_cpus(collective_kind kind, std::size_t bytes) const noexcept {
+    if (cpu_ring.empty()) return false;
+    if (kind == collective_kind::all_reduce) return bytes < ring_cpus_all_reduce_below_bytes;
+    return kind == collective_kind::reduce_scatter && bytes < ring_cpus_reduce_scatter_below_bytes;
+  }
+  static constexpr std::size_t ring_cpus_all_reduce_below_bytes = std::size_t{2} << 20;
+  static constexpr std::size_t ring_cpus_reduce_scatter_below_bytes = std::size_t{512} << 10;
   // Over a network transport on one host, every rank bound to one CPU and some CPU
   // carrying two or more (what the chain is made for, whatever PLAIT_CHAIN says). A
   // reducing step then takes network_slice_shared_cpus unless the slice was set. Set
