@@ -158,19 +158,21 @@ struct bench_run {
   // The broadcast chain (comm_config::chain) and the ring's cycle for its reductions
   // (comm_config::cpu_ring), where the ranks are grouped by CPU.
   std::string chain() const {
-    const auto& cfg = comm.core().config();
-    auto listed = [](const std::vector<int>& c, const std::string& what) {
-      if (c.empty()) return std::string();
-      std::string s = ", " + what;
-      for (std::size_t i = 0; i < c.size(); ++i) s += (i == 0 ? " " : "-") + std::to_string(c[i]);
-      return s + " (ranks grouped by CPU)";
-    };
-    constexpr auto below = [](std::size_t b) { return std::to_string(b >> 10) + " KiB"; };
     using cc = plait::detail::comm_config;
-    return listed(cfg.chain, "broadcast chain") +
-           listed(cfg.cpu_ring, "ring all_reduce below " + below(cc::ring_cpus_all_reduce_below_bytes) +
-                                    " and reduce_scatter below " + below(cc::ring_cpus_reduce_scatter_below_bytes) +
-                                    " round");
+    const auto& cfg = comm.core().config();
+    std::string s;
+    auto list = [&s](const std::vector<int>& order, const char* what) {
+      if (order.empty()) return;
+      s.append(", ").append(what);
+      for (std::size_t i = 0; i < order.size(); ++i) s.append(i == 0 ? " " : "-").append(std::to_string(order[i]));
+      s.append(" (ranks grouped by CPU)");
+    };
+    list(cfg.chain, "broadcast chain");
+    const std::string ring = "ring all_reduce below " + std::to_string(cc::ring_cpus_all_reduce_below_bytes >> 10) +
+                             " KiB and reduce_scatter below " +
+                             std::to_string(cc::ring_cpus_reduce_scatter_below_bytes >> 10) + " KiB round";
+    list(cfg.cpu_ring, ring.c_str());
+    return s;
   }
 
   void run() {
