@@ -138,20 +138,17 @@ struct schedule_params {
   std::span<const int> cycle{};
 };
 
-// Where `rank` stands in p.chain (its rank, when the chain is empty: rank order).
-inline int chain_index(const schedule_params& p, int rank) noexcept {
-  if (p.chain.empty()) return rank;
+// Where `rank` stands in `order` (its rank, when the order is empty: rank order).
+inline int place_in(std::span<const int> order, int rank) noexcept {
+  if (order.empty()) return rank;
   int i = 0;
-  while (p.chain[static_cast<std::size_t>(i)] != rank) ++i;
+  while (order[static_cast<std::size_t>(i)] != rank) ++i;
   return i;
 }
+// Where `rank` stands in p.chain.
+inline int chain_index(const schedule_params& p, int rank) noexcept { return place_in(p.chain, rank); }
 // Where `rank` stands on p.cycle, and the rank at place `i` (rank order, where empty).
-inline int cycle_index(const schedule_params& p, int rank) noexcept {
-  if (p.cycle.empty()) return rank;
-  int i = 0;
-  while (p.cycle[static_cast<std::size_t>(i)] != rank) ++i;
-  return i;
-}
+inline int cycle_index(const schedule_params& p, int rank) noexcept { return place_in(p.cycle, rank); }
 inline int cycle_at(const schedule_params& p, int i) noexcept {
   return p.cycle.empty() ? i : p.cycle[static_cast<std::size_t>(i)];
 }

@@ -323,10 +323,14 @@ std::vector<int> agreed_hosts(std::function<std::string(int)> host_id) {
   return got;
 }
 
-// How many CPUs this test may use (its affinity).
-inline int cpus_this_test_may_use() {
+// The CPUs this test may use (its affinity).
+inline cpu_set_t cpus_allowed() {
   cpu_set_t allowed;
   REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  return allowed;
+}
+inline int cpus_this_test_may_use() {
+  const cpu_set_t allowed = cpus_allowed();
   return CPU_COUNT(&allowed);
 }
 
@@ -334,8 +338,7 @@ inline int cpus_this_test_may_use() {
 // CPU, where it may use only one), as plaitrun binds more ranks than CPUs: for
 // rank_options::cpu.
 inline std::function<int(int)> round_robin_on_two_cpus() {
-  cpu_set_t allowed;
-  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  const cpu_set_t allowed = cpus_allowed();
   std::vector<int> cpus;
   for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
     if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
