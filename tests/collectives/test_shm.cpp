@@ -66,7 +66,7 @@ auto gathered(std::size_t count) {
 }
 
 // all_gather with a core per rank times lending against slots for each output size
-// (lend_choice: 3 calls lending, then 8 through slots, the first 4 of them warming
+// (lend_choice: 3 calls lending, then 10 through slots, the first 4 of them warming
 // the FIFO's slots, then the faster plan): every one of those calls, and the ones
 // after, must be exact, each into a fresh output.
 TEST_CASE("2-rank all_gather over shm is exact while it times lending against slots", "[collectives][shm]") {
@@ -75,7 +75,7 @@ TEST_CASE("2-rank all_gather over shm is exact while it times lending against sl
     // 16K blocks (the smallest that lend) and 32K + 4 bytes, then 128K and 512K + 4.
     for (std::size_t count : {std::size_t{4096}, std::size_t{8193}, std::size_t{32768}, std::size_t{131072} + 1}) {
       auto full = gathered(count);
-      for (int call = 0; call < 14; ++call)
+      for (int call = 0; call < 15; ++call)
         cs.push_back({"all_gather count=" + std::to_string(count) + " call " + std::to_string(call),
                       [count](plait::communicator<shm>& c) {
                         const auto shard = exact_pattern<float, plait::sum>(c.rank(), count);
@@ -131,13 +131,13 @@ TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are wr
         for (std::size_t count :
              {std::size_t{4095}, std::size_t{4099}, std::size_t{16387}, std::size_t{65535}, std::size_t{65536}})
           add_others<shm, float, plait::sum>(cs, 2, count);
-        // 20 calls of a size: where slots may stream, the first 3 stream and the next 3
-        // are plain (stream_choice); then 3 lend and 8 go through slots
+        // 22 calls of a size: where slots may stream, the first 3 stream and the next 3
+        // are plain (stream_choice); then 3 lend and 10 go through slots
         // (broadcast_lend_choice), then what the reader found faster. 1 MiB (one slot
         // of the broadcast's 1 MiB slice) only times lending. The root changes its
         // buffer every call.
         for (std::size_t count : {std::size_t{4099}, std::size_t{16384}, std::size_t{40001}, std::size_t{262144}})
-          for (int call = 0; call < 20; ++call)
+          for (int call = 0; call < 22; ++call)
             cs.push_back({"broadcast count=" + std::to_string(count) + " call " + std::to_string(call),
                           [count, call](plait::communicator<shm>& c) {
                             std::vector<float> buf(count, -1.0f);
@@ -160,8 +160,8 @@ TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are wr
                         },
                         [count](int) { return to_blob(exact_pattern<float, plait::sum>(0, count)); }, &diff_as<float>});
           auto full = gathered(count);
-          // 13 calls: the first 3 lend, the next 8 go through slots (lend_choice), then the faster.
-          for (int call = 0; call < 13; ++call)
+          // 15 calls: the first 3 lend, the next 10 go through slots (lend_choice), then the faster.
+          for (int call = 0; call < 15; ++call)
             cs.push_back({"all_gather off alignment count=" + std::to_string(count) + " call " + std::to_string(call),
                           [count](plait::communicator<shm>& c) {
                             const auto s = exact_pattern<float, plait::sum>(c.rank(), count);
@@ -180,7 +180,7 @@ TEST_CASE("2-rank broadcast and all_gather over shm are exact where slots are wr
 
 // A broadcast of several slices (the broadcast slice is 1 MiB), with a core per rank:
 // the reader times lending (3 calls, each slice copied from the root's buffer) against
-// slots (8 calls), then keeps the faster (broadcast_lend_choice), and through slots
+// slots (10 calls), then keeps the faster (broadcast_lend_choice), and through slots
 // its output is written past the cache (PLAIT_STREAM_BYTES=1M here; by default from
 // half the last-level cache). Every call exact, with odd tails and an output 4 bytes
 // off its allocation's alignment, while the root changes its buffer every call.
@@ -195,7 +195,7 @@ TEST_CASE("2-rank broadcast of several slices over shm is exact through lending,
       [] {
         case_list<shm> cs;
         for (std::size_t count : {(std::size_t{1} << 18) + 3, (std::size_t{3} << 18) + 1})
-          for (int call = 0; call < 14; ++call)
+          for (int call = 0; call < 15; ++call)
             cs.push_back({"broadcast count=" + std::to_string(count) + " call " + std::to_string(call),
                           [count, call](plait::communicator<shm>& c) {
                             std::vector<float> buf(count + 1, -1.0f);

@@ -702,7 +702,7 @@ class comm_core {
   // lines slowly for a while (2 ranks, shm, the 32 MiB L3 host type: 1 MiB of slots in
   // 230-470 us per call for seconds at a time, against 23-28; lending 80-100 all the
   // while), the plan timed first is the wrong one until the next timing
-  // (docs/performance.md, "A settled size is timed again"). 11 calls of 1000 explore.
+  // (docs/performance.md, "A settled size is timed again"). 13 calls of 1000 explore.
   // stream_choice is timed once: both its plans go through slots.
   static constexpr int retime_lending_every = 1000;
   // The same for a reduction's choice between slots written past the cache and plain

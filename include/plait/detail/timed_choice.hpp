@@ -8,10 +8,16 @@
 // entering the engine to completion. A block warms up with one call and times 2, and a
 // block through slots after lending warms up with as many calls as the FIFO has slots
 // (comm_core::slots_warmup_calls: the first call to write each slot finds it out of
-// the cache) and times 4 (a barrier between calls, as a benchmark's after its warm-up
-// calls, can fall inside the block, and the calls right after it catch the ranks in
-// lock-step) (docs/performance.md, "A plan through slots is timed once every slot is
-// warm"). The second must win by the choice's margin (near ties stay on the rule). A
+// the cache) and times 6, which it counts at their median, not their best: a pause
+// between calls (a benchmark's barrier after its warm-up calls) can fall inside the
+// block, and the calls after it are not the loop's. Outside the windows in which the
+// two cores trade dirty lines slowly they catch the ranks in lock-step and take up to
+// 3 times a call of the loop; inside one they are the fast ones, writing slots last
+// touched before the pause (2 ranks, 1 MiB broadcast, 32 MiB L3 host type: 88-95 us,
+// then 381-477 for every call of the loop, against lending's 99-163)
+// (docs/performance.md, "A plan through slots is timed once every slot is warm",
+// "Slots timed at the median of their block"). The second must win by the choice's
+// margin (near ties stay on the rule). A
 // size none of whose calls was timed under both plans (record() was never called for
 // one of them) settles on the rule. The two lending choices time a settled size again
 // every comm_core::retime_lending_every calls.
@@ -76,6 +82,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include <plait/detail/env.hpp>
 
@@ -100,7 +107,8 @@ class timed_choice {
   // of the cache), then its timed ones.
   static constexpr int default_warmup = 1;
   static constexpr int default_timed = 2;
-  static constexpr int slots_timed = 4;  // the lending choices' block through slots
+  // The lending choices' block through slots, timed at its median (second_median).
+  static constexpr int slots_timed = 6;
   // The second plan is kept when its best <= margin x the first's best.
   static constexpr double default_margin = 0.85;
   static constexpr std::size_t table_size = 16;
@@ -108,13 +116,16 @@ class timed_choice {
   // `second_warmup`, `second_timed`: the untimed calls that open the second plan's
   // block (at least 1), and the timed ones after them (at least 1). `retime_every`: a
   // settled size times both plans again after that many more calls (0: never).
+  // `second_median`: the second plan counts at the median of its timed calls (the
+  // first slots_timed of them), not at its best.
   explicit timed_choice(choice_names names, double margin = default_margin, int second_warmup = default_warmup,
-                        int second_timed = default_timed, int retime_every = 0) noexcept
+                        int second_timed = default_timed, int retime_every = 0, bool second_median = false) noexcept
       : names_(names),
         margin_(margin),
         second_warmup_(second_warmup < 1 ? 1 : second_warmup),
         second_timed_(second_timed < 1 ? 1 : second_timed),
-        retime_every_(retime_every < 0 ? 0 : retime_every) {}
+        retime_every_(retime_every < 0 ? 0 : retime_every),
+        second_median_(second_median) {}
 
   // The calls of each plan's block, and of both.
   static constexpr int first_block() noexcept { return default_warmup + default_timed; }
@@ -144,6 +155,7 @@ class timed_choice {
       e.issued = 0;
       e.since_settled = 0;
       e.best = {never, never};
+      e.seconds_timed = 0;
       e.settled = false;
       ++e.timings;
     }
@@ -159,18 +171,19 @@ class timed_choice {
     if (!e.settled) {
       e.settled = settled = true;
       const Plan before = e.decided;
-      const bool measured = e.best[0] != never && e.best[1] != never;
+      const std::chrono::nanoseconds second = second_median_ ? median_second(e) : e.best[1];
+      const bool measured = e.best[0] != never && second != never;
       if (measured)
         e.decided =
-            static_cast<double>(e.best[1].count()) <= margin_ * static_cast<double>(e.best[0].count()) ? Second : First;
+            static_cast<double>(second.count()) <= margin_ * static_cast<double>(e.best[0].count()) ? Second : First;
       // A later timing that keeps the plan logs at trace only.
       log(e.timings == 0 || e.decided != before ? log_level::info : log_level::trace, names_.what, " of ", bytes,
           " B: ",
           !measured             ? "the rule (not timed both ways)"
           : e.decided == Second ? names_.second
                                 : names_.first,
-          " (best call ", names_.first, " ", ms(e.best[0]), " us, ", names_.second, " ", ms(e.best[1]), " us",
-          e.timings == 0 ? ")" : "; timed again)");
+          " (best call ", names_.first, " ", ms(e.best[0]), " us, ", names_.second, " ", ms(second), " us",
+          second_median_ ? " at the median of its calls" : "", e.timings == 0 ? ")" : "; timed again)");
     } else if (retime_every_ > 0) {
       ++e.since_settled;
     }
@@ -185,8 +198,11 @@ class timed_choice {
   void record(std::size_t bytes, Plan plan, std::chrono::nanoseconds took) noexcept {
     entry& e = at(bytes);
     if (e.settled || (plan != First && plan != Second)) return;
+    log(log_level::trace, names_.what, " of ", bytes, " B: a call ", plan == Second ? names_.second : names_.first,
+        " took ", ms(took), " us");
     auto& best = e.best[plan == Second ? 1 : 0];
     if (took < best) best = took;
+    if (plan == Second && e.seconds_timed < slots_timed) e.seconds[static_cast<std::size_t>(e.seconds_timed++)] = took;
   }
 
   // The plan this size settled on (the rule until it has, or where it settled there).
@@ -199,12 +215,27 @@ class timed_choice {
   struct entry {
     std::size_t bytes = 0;
     int issued = 0;
-    std::array<std::chrono::nanoseconds, 2> best{never, never};  // First, Second
-    Plan decided{};                                              // value-initialised: the rule
+    std::array<std::chrono::nanoseconds, 2> best{never, never};   // First, Second
+    std::array<std::chrono::nanoseconds, slots_timed> seconds{};  // the second plan's timed calls
+    int seconds_timed = 0;
+    Plan decided{};  // value-initialised: the rule
     bool settled = false;
     int since_settled = 0;  // calls that took the settled plan
     int timings = 0;        // timings after the first
   };
+
+  // The median of the second plan's timed calls (of an even count, the mean of the
+  // middle two); never where none was timed.
+  static std::chrono::nanoseconds median_second(const entry& e) noexcept {
+    if (e.seconds_timed == 0) return never;
+    // At most slots_timed values: an insertion sort (std::sort's unrolled paths draw
+    // GCC 12's -Warray-bounds on an array this small).
+    auto t = e.seconds;
+    const auto n = static_cast<std::size_t>(e.seconds_timed);
+    for (std::size_t i = 1; i < n; ++i)
+      for (std::size_t j = i; j > 0 && t[j] < t[j - 1]; --j) std::swap(t[j], t[j - 1]);
+    return n % 2 != 0 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+  }
 
   bool retime_due(const entry& e) const noexcept {
     return e.settled && retime_every_ > 0 && e.since_settled >= retime_every_;
@@ -224,16 +255,18 @@ class timed_choice {
   int second_warmup_;
   int second_timed_;
   int retime_every_;
+  bool second_median_;
   std::array<entry, table_size> table_{};
 };
 
 // all_gather: lend the block or send it through slots (rule: lending); the slots'
-// block opens with `slots_warmup` untimed calls, then times slots_timed.
+// block opens with `slots_warmup` untimed calls, then times slots_timed, counted at
+// their median.
 class lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::slots> {
  public:
   explicit lend_choice(int slots_warmup = default_warmup, int retime_every = 0) noexcept
       : timed_choice({"all_gather", "lending", "through slots"}, default_margin, slots_warmup, slots_timed,
-                     retime_every) {}
+                     retime_every, true) {}
 };
 
 // broadcast: slots written past the cache or not (rule: streamed, where the transport says so).
@@ -260,7 +293,7 @@ class reduction_stream_choice : public timed_choice<stream_plan, stream_plan::pl
 class broadcast_lend_choice : public timed_choice<lend_plan, lend_plan::lend, lend_plan::slots> {
  public:
   explicit broadcast_lend_choice(int slots_warmup = default_warmup, int retime_every = 0) noexcept
-      : timed_choice({"broadcast", "lending", "through slots"}, 0.95, slots_warmup, slots_timed, retime_every) {}
+      : timed_choice({"broadcast", "lending", "through slots"}, 0.95, slots_warmup, slots_timed, retime_every, true) {}
 };
 
 }  // namespace plait::detail
