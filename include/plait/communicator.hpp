@@ -213,8 +213,9 @@ class communicator {
   int size() const noexcept { return core_->size(); }
   // The pipeline slice size and FIFO depth every rank agreed on at start-up; plain
   // copies (broadcast, send/recv) go in slices of copy_slice_bytes(), an all_gather
-  // over tcp in gather_slice_bytes() for an output of that many bytes (by default, of
-  // any size from 2 MiB up), and a slot holds the largest.
+  // in gather_slice_bytes() for an output of that many bytes (by default, of any size
+  // from 2 MiB up over tcp; over shm, 2 ranks with a core each, 1 to 8 MiB), and a
+  // slot holds the largest.
   std::size_t slice_bytes() const noexcept { return core_->config().slice_bytes; }
   std::size_t copy_slice_bytes() const noexcept { return core_->config().copy_slice_bytes; }
   std::size_t gather_slice_bytes(std::size_t output_bytes = std::numeric_limits<std::size_t>::max()) const noexcept {
@@ -282,12 +283,17 @@ class communicator {
   // the CPUs they are bound to (cfg.shared_cpus), a reducing step and an all_gather
   // under network_gather_small_below_bytes take network_slice_shared_cpus, and the
   // copies and larger all_gathers keep slice_default ("TCP, ranks sharing bound CPUs:
-  // reducing slices of 128 KiB", "... all_gather under 2 MiB in 128 KiB slices").
+  // reducing slices of 128 KiB", "... all_gather under 2 MiB in 128 KiB slices"). With
+  // the slice unset over a memory transport, 2 ranks with a core each, an all_gather of
+  // 1 to 8 MiB of output takes memory_gather_slice_two_ranks ("shm all_gather of 1 to
+  // 8 MiB in 512 KiB slices"; more ranks with a core each were not measured).
   static void resolve_slices(detail::comm_config& cfg, int size, bool network_on_one_host) noexcept {
     using detail::comm_config;
     const bool slice_set = cfg.slice_bytes != 0;
     if (!slice_set) {
       cfg.slice_bytes = comm_config::slice_default;
+      if (!cfg.network && size == 2 && !detail::more_ranks_than_cores(size))
+        cfg.gather_slice_bytes = comm_config::memory_gather_slice_two_ranks;
       if (network_on_one_host && !detail::more_ranks_than_cores(size))
         cfg.gather_slice_bytes = comm_config::network_gather_slice_core_per_rank;
       if (network_on_one_host && cfg.shared_cpus) {

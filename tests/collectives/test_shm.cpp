@@ -48,9 +48,11 @@ TEST_CASE("over shm broadcast and send/recv go in slices of at least 1 MiB unles
   CHECK(agreed_slices<shm>("2M", "") ==
         v{2 << 20, 2 << 20, 4, 4, 2 << 20, 2 << 20, 2 << 20, 2 << 20, 4, 4, 2 << 20, 2 << 20});
   CHECK(agreed_slices<shm>("4K", "64K") == v{4096, 65536, 4, 4, 4096, 4096, 4096, 65536, 4, 4, 4096, 4096});
-  // Unset: memory keeps the default slice, for all_gather too.
+  // Unset: memory keeps the default slice, and an all_gather of 1 to 8 MiB of output
+  // takes 512 KiB slices with 2 ranks on a core each.
+  const std::uint64_t at_1m = plait::detail::more_ranks_than_cores(2) ? 256 << 10 : 512 << 10;
   CHECK(agreed_slices<shm>("", "") ==
-        v{256 << 10, 1 << 20, 4, 4, 256 << 10, 256 << 10, 256 << 10, 1 << 20, 4, 4, 256 << 10, 256 << 10});
+        v{256 << 10, 1 << 20, 4, 4, 256 << 10, at_1m, 256 << 10, 1 << 20, 4, 4, 256 << 10, at_1m});
 }
 
 // What a 2-rank float all_gather of `count` per rank gives, made when first asked for.
@@ -63,6 +65,36 @@ auto gathered(std::size_t count) {
     }
     return to_blob(f);
   });
+}
+
+// With the slices unset, 2 ranks on a core each gather 1 to 8 MiB of output in 512 KiB
+// slices (comm_config::memory_gather_slice_two_ranks): outputs at and either side of
+// both edges, with odd tails, every call exact through the lending timing (15 calls
+// of a size) and after it.
+TEST_CASE("2-rank all_gather over shm of 1 to 8 MiB of output is exact in its own slices", "[collectives][shm]") {
+  rank_options defaults;
+  defaults.slice_bytes = "";
+  defaults.copy_slice_bytes = "";
+  check_cases<shm>(
+      2,
+      [] {
+        case_list<shm> cs;
+        constexpr std::size_t per_mib = (std::size_t{1} << 20) / sizeof(float) / 2;  // per rank, 1 MiB of output
+        for (std::size_t count : {per_mib - 1, per_mib, per_mib + 1, 3 * per_mib + 1, 8 * per_mib - 1, 8 * per_mib}) {
+          auto full = gathered(count);
+          for (int call = 0; call < 16; ++call)
+            cs.push_back({"all_gather count=" + std::to_string(count) + " call " + std::to_string(call),
+                          [count, call](plait::communicator<shm>& c) {
+                            const auto shard = exact_pattern<float, plait::sum>(c.rank(), count);
+                            std::vector<float> out(2 * count, static_cast<float>(-call));
+                            plait::all_gather(c, std::span<const float>(shard), std::span<float>(out));
+                            return to_blob(out);
+                          },
+                          [full](int) { return full(); }, &diff_as<float>});
+        }
+        return cs;
+      },
+      defaults);
 }
 
 // all_gather with a core per rank times lending against slots for each output size

@@ -222,9 +222,20 @@ TEST_CASE("all_gather of 8 MiB up to 64 MiB of output takes the copy slice, over
   CHECK(cfg.slice_for(collective_kind::all_gather, 2 * M) == (2u << 20));
   CHECK(cfg.slice_for(collective_kind::all_reduce, 4096) == 4096u);
   CHECK(cfg.slot_bytes() == (2u << 20));
-  // Over memory it has none.
+  // Over memory the small slice is not used, and its own slice only from 1 MiB of
+  // output up to the copy slices (8 MiB); the slots hold the largest all the same.
   cfg.network = false;
   CHECK(cfg.slice_for(collective_kind::all_gather, 4096) == 4096u);
+  CHECK(cfg.slice_for(collective_kind::all_gather, M - 1) == 4096u);
+  CHECK(cfg.slice_for(collective_kind::all_gather, M) == (2u << 20));
+  CHECK(cfg.slice_for(collective_kind::all_gather, 8 * M - 1) == (2u << 20));
+  CHECK(cfg.slice_for(collective_kind::all_gather, 8 * M) == (1u << 20));
+  CHECK(cfg.slice_for(collective_kind::all_gather, 64 * M) == 4096u);
+  CHECK(cfg.slice_for(collective_kind::all_reduce, 2 * M) == 4096u);
+  CHECK(cfg.slot_bytes() == (2u << 20));
+  cfg.gather_slice_bytes = 0;
+  cfg.gather_small_slice_bytes = 0;
+  CHECK(cfg.slice_for(collective_kind::all_gather, 2 * M) == 4096u);
   CHECK(cfg.slot_bytes() == (1u << 20));
 }
 

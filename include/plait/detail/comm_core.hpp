@@ -126,10 +126,18 @@ struct comm_config {
   // The slice of an all_gather over a network transport (its frames land in the
   // output: no reduce reads them from a slot); 0: the slice. communicator::create
   // sets network_gather_slice_core_per_rank with every rank on one host and a core
-  // per rank, unless the slice was set.
+  // per rank, unless the slice was set. Over a memory transport it is the slice of an
+  // all_gather from memory_gather_slice_from_bytes of output up to the copy slices'
+  // range (slice_for); communicator::create sets memory_gather_slice_two_ranks there
+  // with 2 ranks and a core each, unless the slice was set: a rank's block of 512 KiB
+  // to 4 MiB crosses in fewer slots (2 ranks, shm, the 32 MiB L3 host type: 1M 39.6
+  // -> 33.9 us, 2M 78.8 -> 68.6; level below 1M and at 4M; 4 ranks on 2 cores gained
+  // nothing; docs/performance.md, "shm all_gather of 1 to 8 MiB in 512 KiB slices").
   std::size_t gather_slice_bytes = 0;
   static constexpr std::size_t network_gather_slice_core_per_rank =
       512 * 1024;  // docs/performance.md, "TCP on one host: all_gather in 512 KiB slices with a core per rank"
+  static constexpr std::size_t memory_gather_slice_two_ranks = 512 * 1024;
+  static constexpr std::size_t memory_gather_slice_from_bytes = std::size_t{1} << 20;
   // Slots per FIFO; 0 until communicator::create resolves it to default_depth.
   std::size_t depth = 0;
   static constexpr std::size_t default_depth = 4;
@@ -258,7 +266,8 @@ struct comm_config {
 
   // The pipeline slice of a call of this kind with this many bytes of output: plain
   // copies', and all_gather's of 8 to 64 MiB (executor::gather_in_copy_slices), take
-  // copy_slice_bytes. Every rank computes the same from the same call.
+  // copy_slice_bytes; all_gather's from memory_gather_slice_from_bytes up to there take
+  // gather_slice_bytes, where set. Every rank computes the same from the same call.
   // (all_gather's copy slices are for memory transports: over a network one an
   // all_gather takes gather_small_slice_bytes under network_gather_small_below_bytes,
   // where set, else gather_slice_bytes, where set, or the slice.)
@@ -268,6 +277,9 @@ struct comm_config {
         return gather_small_slice_bytes;
       if (gather_slice_bytes != 0) return gather_slice_bytes;
     }
+    if (kind == collective_kind::all_gather && !network && gather_slice_bytes != 0 &&
+        output_bytes >= memory_gather_slice_from_bytes && output_bytes < executor::lend_from_call_bytes)
+      return gather_slice_bytes;
     const bool plain_copy =
         kind == collective_kind::broadcast || kind == collective_kind::point_to_point ||
         (kind == collective_kind::all_gather && !network && executor::gather_in_copy_slices(output_bytes));
@@ -275,8 +287,7 @@ struct comm_config {
   }
   // A slot's payload capacity: the largest slice.
   std::size_t slot_bytes() const noexcept {
-    return std::max(
-        {slice_bytes, copy_slice_bytes, network ? std::max(gather_slice_bytes, gather_small_slice_bytes) : 0});
+    return std::max({slice_bytes, copy_slice_bytes, gather_slice_bytes, gather_small_slice_bytes});
   }
 };
 
