@@ -130,9 +130,9 @@ struct comm_config {
   // all_gather from memory_gather_slice_from_bytes of output up to the copy slices'
   // range (slice_for); communicator::create sets memory_gather_slice_two_ranks there
   // with 2 ranks and a core each, unless the slice was set: a rank's block of 512 KiB
-  // to 4 MiB crosses in fewer slots (2 ranks, shm, the 32 MiB L3 host type: 1M 39.6
-  // -> 33.9 us, 2M 78.8 -> 68.6; level below 1M and at 4M; 4 ranks on 2 cores gained
-  // nothing; docs/performance.md, "shm all_gather of 1 to 8 MiB in 512 KiB slices").
+  // to 4 MiB crosses in fewer slots (2 ranks, shm, the 32 MiB L3 host type: 1M 40.5
+  // -> 34.7 us, 2M 79.6 -> 68.2, 4M 162.5 -> 146.9; level below 1M; 4 ranks on 2 cores
+  // gained nothing; docs/performance.md, "shm all_gather of 1 to 8 MiB in 512 KiB slices").
   std::size_t gather_slice_bytes = 0;
   static constexpr std::size_t network_gather_slice_core_per_rank =
       512 * 1024;  // docs/performance.md, "TCP on one host: all_gather in 512 KiB slices with a core per rank"

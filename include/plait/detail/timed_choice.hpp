@@ -3,7 +3,8 @@
 //
 // The first calls of a size take the first plan (the rule's own, except for
 // broadcast_lend_choice, which times lending first) in a block, the next calls the
-// second in a block, and the size then keeps the plan whose fastest call was faster.
+// second in a block, and the size then keeps the plan whose fastest call was faster
+// (the lending choices count their block through slots at its median call).
 // A block is its warm-up calls, not timed, then its timed calls, each timed from
 // entering the engine to completion. A block warms up with one call and times 2, and a
 // block through slots after lending warms up with as many calls as the FIFO has slots
