@@ -148,7 +148,6 @@ class rank_bench {
       r.calls_us = t.calls;
       rep.add(r);
     }
-    barrier.run();  // nobody closes its connections while a peer still talks to it
     const bool written = rep.finish();
     return written && rep.total_wrong() == 0 ? 0 : 3;
   }
@@ -219,7 +218,16 @@ int rank_main(int rank, int ranks, const std::string& dir, const bench::options&
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, ranks);
     ctx->setTimeout(std::chrono::seconds(gloo_timeout_s));
     ctx->connectFullMesh(store, dev);
-    return rank_bench(ctx, o, settings).run();
+    const int rc = rank_bench(ctx, o, settings).run();
+    // Nobody closes its connections while a peer may still be in a collective: a
+    // barrier through the store, not the sockets (after a last socket barrier a rank
+    // could leave and close while its peer still waited on that barrier's send, which
+    // Gloo reports as "Connection closed by peer").
+    store.set("finished/" + std::to_string(rank), {'1'});
+    std::vector<std::string> finished;
+    for (int r = 0; r < ranks; ++r) finished.push_back("finished/" + std::to_string(r));
+    store.wait(finished, std::chrono::seconds(gloo_timeout_s));
+    return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: rank %d of %d: %s\n", prog, rank, ranks, e.what());
     return 1;
