@@ -278,7 +278,7 @@ struct comm_config {
       if (gather_slice_bytes != 0) return gather_slice_bytes;
     }
     if (kind == collective_kind::all_gather && !network && gather_slice_bytes != 0 &&
-        output_bytes >= memory_gather_slice_from_bytes && output_bytes < executor::lend_from_call_bytes)
+        output_bytes >= memory_gather_slice_from_bytes && output_bytes < executor::gather_copy_slice_from)
       return gather_slice_bytes;
     const bool plain_copy =
         kind == collective_kind::broadcast || kind == collective_kind::point_to_point ||
