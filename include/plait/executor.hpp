@@ -200,11 +200,11 @@ class executor {
   // all_gather calls from gather_copy_slice_from (8 MiB, where lending pays) up to
   // gather_copy_slice_below of output go in the slices of plain copies
   // (comm_config::copy_slice_bytes, 1 MiB on shm) rather than the reductions' (256K),
-  // and where they lend from any memory their own block is copied
-  // with plain stores (streams()). Measured (docs/performance.md, "all_gather of 8 to
-  // 64 MiB in 1 MiB slices"): 2 ranks 8M-32M 1.06-1.38x less time, 4 ranks level to
-  // 1.36x; from 64 MiB, slots with non-temporal stores beat lending on one host type
-  // and lose on another, so the rule stops there.
+  // and where they lend from any memory their own block is copied with plain stores
+  // (streams()). Measured (docs/performance.md, "all_gather of 8 to 64 MiB in 1 MiB
+  // slices"): 2 ranks 8M-32M 1.06-1.38x less time, 4 ranks level to 1.36x; from 64
+  // MiB, slots with non-temporal stores beat lending on one host type and lose on
+  // another, so the rule stops there.
   static constexpr std::size_t gather_copy_slice_from = lend_from_call_bytes;
   static constexpr std::size_t gather_copy_slice_below = 64 * 1024 * 1024;
   static constexpr bool gather_in_copy_slices(std::size_t output_bytes) noexcept {
